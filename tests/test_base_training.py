@@ -1,0 +1,88 @@
+"""Base contrastive training: a smoke run whose loss falls, artifacts, bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from training.artifacts import load_artifact
+from training.base import train_base
+from training.data import PairDataset
+from training.errors import ConfigError, DataError
+from training.trainer import TrainConfig, lr_factor
+from training.versions import load_encoder
+
+
+def test_smoke_run_loss_falls_and_artifact_round_trips(micro_spec, small_world: PairDataset,
+                                                      tmp_path: Path) -> None:
+    cfg = TrainConfig(steps=60, batch_size=32, lr=2e-3, warmup=0.1, seed=0, checkpoint_every=20)
+    art = train_base(micro_spec, small_world, cfg, tmp_path / "v1", eval_dataset=small_world,
+                     version_id="v1", show_progress=False, checkpoint_dir=tmp_path / "ckpt")
+    losses = art.manifest["metrics"]
+    assert losses["final_loss"] < 3.0  # log(32) = 3.47 is chance level
+    assert (tmp_path / "ckpt" / "checkpoint.safetensors").is_file()
+    loaded = load_artifact(tmp_path / "v1")
+    assert loaded.manifest["hyperparameters"]["steps"] == 60
+    assert loaded.manifest["space"] == "v1" and loaded.manifest["embed_dim"] == 32
+    assert 0.0 <= loaded.manifest["metrics"]["eval"]["t2i"]["R@1"] <= 1.0
+    enc = load_encoder(loaded, device="cpu")
+    texts, _ = small_world.captions("en")
+    emb = enc.encode_texts(texts[:10])
+    np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-5)
+
+
+def test_loss_falls_over_training(micro_spec, small_world: PairDataset, tmp_path: Path) -> None:
+    from training.base import ContrastiveTask
+    from training.encoders import Encoder, create_model, create_tokenizer
+    from training.pairs import build_pairs, pair_batches
+    from training.trainer import train
+
+    model = create_model(micro_spec).train()
+    pairs = build_pairs(small_world, Encoder(model, create_tokenizer(micro_spec), "cpu"))
+    model.train()
+    cfg = TrainConfig(steps=50, batch_size=32, lr=2e-3, warmup=0.1)
+    result = train(ContrastiveTask(model), pair_batches(pairs, 32, 0),
+                   [{"params": list(model.parameters())}], cfg, show_progress=False)
+    assert np.mean(result.losses[-10:]) < np.mean(result.losses[:10]) - 0.3
+
+
+def test_training_is_seeded(micro_spec, small_world: PairDataset, tmp_path: Path) -> None:
+    cfg = TrainConfig(steps=5, batch_size=16, lr=1e-3, seed=7)
+    a = train_base(micro_spec, small_world, cfg, tmp_path / "a", show_progress=False)
+    b = train_base(micro_spec, small_world, cfg, tmp_path / "b", show_progress=False)
+    assert a.manifest["metrics"]["final_loss"] == b.manifest["metrics"]["final_loss"]
+    assert a.manifest["files"]["model.safetensors"] == b.manifest["files"]["model.safetensors"]
+
+
+def test_schedule_warmup_then_cosine() -> None:
+    cfg = TrainConfig(steps=100, warmup=0.1)
+    assert lr_factor(0, cfg) == pytest.approx(0.1)
+    assert lr_factor(9, cfg) == pytest.approx(1.0)
+    assert lr_factor(10, cfg) == pytest.approx(1.0)
+    assert lr_factor(99, cfg) < 0.01
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"steps": 0}, "steps"), ({"batch_size": 1}, "batch_size"), ({"lr": 0}, "lr"),
+    ({"warmup": 1.5}, "warmup"), ({"schedule": "step"}, "schedule"),
+])
+def test_bad_train_config(kwargs: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        TrainConfig(**kwargs)
+
+
+def test_existing_output_and_empty_data(micro_spec, small_world: PairDataset,
+                                        tmp_path: Path) -> None:
+    (tmp_path / "taken").mkdir()
+    cfg = TrainConfig(steps=2, batch_size=8)
+    with pytest.raises(ConfigError, match="already exists"):
+        train_base(micro_spec, small_world, cfg, tmp_path / "taken", show_progress=False)
+    with pytest.raises(DataError):
+        train_base(micro_spec, small_world.subset([]), cfg, tmp_path / "v", show_progress=False)
+    assert not (tmp_path / "v").exists()
+    with pytest.raises(DataError, match="xx"):
+        train_base(micro_spec, small_world, cfg, tmp_path / "w", languages=("xx",),
+                   show_progress=False)
+    assert not (tmp_path / "w").exists()

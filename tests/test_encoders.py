@@ -1,0 +1,126 @@
+"""The three loading paths of open_clip models, encoding, and preprocessing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import open_clip
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from tests.conftest import MICRO_CONFIG
+from training import encoders
+from training.artifacts import model_state
+from training.encoders import Encoder, ModelSpec, create_model, create_tokenizer, pick_device
+from training.errors import ModelLoadError
+
+TEXTS = ["a red circle", "a big blue square on the left", "a green star", "a small triangle"]
+
+
+def _images(dataset, n: int = 5):
+    return [dataset.load_image(i) for i in range(n)]
+
+
+def test_config_path_encodes_normalised_float32(micro_config_file: Path, small_world) -> None:
+    enc = Encoder.from_spec(ModelSpec.from_json(micro_config_file), device="cpu")
+    text = enc.encode_texts(TEXTS, batch_size=3)
+    image = enc.encode_images(_images(small_world), batch_size=2)
+    assert text.dtype == np.float32 and image.dtype == np.float32
+    assert text.shape == (4, 32) and image.shape == (5, 32)
+    np.testing.assert_allclose(np.linalg.norm(text, axis=1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(image, axis=1), 1.0, atol=1e-5)
+    # batching does not change results
+    np.testing.assert_allclose(enc.encode_texts(TEXTS, batch_size=64), text, atol=1e-5)
+    np.testing.assert_allclose(enc.encode_images(_images(small_world), batch_size=64), image,
+                               atol=1e-5)
+
+
+def test_preprocessing_follows_model_config(micro_config_file: Path, small_world) -> None:
+    enc = Encoder.from_spec(ModelSpec.from_json(micro_config_file), device="cpu")
+    cfg = enc.model.visual.preprocess_cfg
+    assert tuple(cfg["size"]) == (32, 32)
+    assert list(cfg["mean"]) == [0.5, 0.5, 0.5] and cfg["interpolation"] == "bilinear"
+    pixels = enc.image_tensors(_images(small_world, 1))
+    assert pixels.shape == (1, 3, 32, 32)
+    # a white pixel maps to (1 - 0.5) / 0.25 = 2.0 with this mean/std
+    white = enc.preprocess(small_world.load_image(0).point(lambda _: 255))
+    assert torch.allclose(white, torch.full_like(white, 2.0))
+
+
+def test_config_plus_checkpoint_reproduces_weights(micro_spec, tmp_path: Path) -> None:
+    model = create_model(micro_spec)
+    ckpt = tmp_path / "w.safetensors"
+    save_file(model_state(model), str(ckpt))
+    spec = ModelSpec(config=micro_spec.config, checkpoint=str(ckpt), preprocess=micro_spec.preprocess)
+    a = Encoder(model, create_tokenizer(micro_spec), "cpu").encode_texts(TEXTS)
+    b = Encoder.from_spec(spec, "cpu").encode_texts(TEXTS)
+    np.testing.assert_array_equal(a, b)
+
+
+def test_arch_name_plus_local_checkpoint(micro_spec, tmp_path: Path) -> None:
+    cfg_file = tmp_path / "nbf-micro-arch.json"
+    cfg_file.write_text(json.dumps(MICRO_CONFIG))
+    open_clip.add_model_config(cfg_file)  # registers the architecture name "nbf-micro-arch"
+    source = create_model(ModelSpec(arch="nbf-micro-arch"))
+    ckpt = tmp_path / "weights.pt"
+    torch.save(source.state_dict(), ckpt)
+    loaded = Encoder.from_spec(ModelSpec(arch="nbf-micro-arch", checkpoint=str(ckpt)), "cpu")
+    expected = Encoder(source, loaded.tokenizer, "cpu").encode_texts(TEXTS)
+    np.testing.assert_array_equal(loaded.encode_texts(TEXTS), expected)
+
+
+def test_pretrained_tag_fails_fast_offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(encoders, "HUB_HOST", ("127.0.0.1", 9))  # nothing listens: offline
+    monkeypatch.setattr(encoders, "_cached_hub_file", lambda cfg: None)
+    with pytest.raises(ModelLoadError, match="could not fetch the weights.*local checkpoint"):
+        create_model(ModelSpec(arch="ViT-B-32", pretrained="laion2b_s34b_b79k"))
+
+
+def test_unknown_tag_lists_known_tags() -> None:
+    with pytest.raises(ModelLoadError, match="unknown pretrained tag 'nope'.*laion2b_s34b_b79k"):
+        create_model(ModelSpec(arch="ViT-B-32", pretrained="nope"))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({}, "exactly one of"),
+    ({"arch": "ViT-B-32", "config": MICRO_CONFIG}, "exactly one of"),
+    ({"arch": "ViT-B-32", "pretrained": "openai", "checkpoint": "x.pt"}, "not both"),
+])
+def test_bad_specs_are_rejected(kwargs: dict, message: str) -> None:
+    with pytest.raises(ModelLoadError, match=message):
+        ModelSpec(**kwargs)
+
+
+def test_missing_and_mismatched_checkpoints(micro_spec, tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match="checkpoint file not found"):
+        create_model(ModelSpec(config=micro_spec.config, checkpoint=str(tmp_path / "none.pt")))
+    wrong = tmp_path / "wrong.safetensors"
+    save_file({"foo": torch.zeros(2)}, str(wrong))
+    with pytest.raises(ModelLoadError, match="does not match the architecture"):
+        create_model(ModelSpec(config=micro_spec.config, checkpoint=str(wrong)))
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"not a checkpoint")
+    with pytest.raises(ModelLoadError, match="could not be read"):
+        create_model(ModelSpec(config=micro_spec.config, checkpoint=str(garbage)))
+
+
+def test_bad_json_configs(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match="not found"):
+        ModelSpec.from_json(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ModelLoadError, match="not valid JSON"):
+        ModelSpec.from_json(bad)
+    partial = tmp_path / "partial.json"
+    partial.write_text(json.dumps({"embed_dim": 8}))
+    with pytest.raises(ModelLoadError, match="vision_cfg"):
+        ModelSpec.from_json(partial)
+
+
+def test_device_auto_selection() -> None:
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert pick_device().type == expected
+    assert pick_device("cpu").type == "cpu"

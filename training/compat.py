@@ -1,0 +1,52 @@
+"""Compatibility of model versions: any query version against any gallery version.
+
+A cell (q, g) embeds queries with q *through its route into g's space* and the
+gallery with g natively, so upgraded versions (XBT) are measured as they will be
+served. A cell is ``None`` when q has no route into g's space.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from training.artifacts import Artifact
+from training.data import PairDataset
+from training.evaluate import cross_metrics
+from training.versions import load_encoder
+
+
+def embed_dataset(artifact: Artifact, dataset: PairDataset, space: str | None = None,
+                  language: str = "en") -> tuple[np.ndarray, np.ndarray]:
+    """(image [N, D], text [M, D]) embeddings of a dataset by a version into ``space``."""
+    encoder = load_encoder(artifact, space)
+    texts, _ = dataset.captions(language)
+    images = [dataset.load_image(i) for i in range(len(dataset))]
+    return encoder.encode_images(images), encoder.encode_texts(texts)
+
+
+def compatibility_of_artifacts(artifacts: Sequence[Artifact], dataset: PairDataset,
+                               language: str = "en") -> dict[str, Any]:
+    """``{"models": [version ids], "spaces": {...}, "cells": {q: {g: cell | None}}}``."""
+    relevance = dataset.relevance(language)
+    cache: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
+
+    def embedded(art: Artifact, space: str) -> tuple[np.ndarray, np.ndarray]:
+        key = (art.version_id, space)
+        if key not in cache:
+            cache[key] = embed_dataset(art, dataset, space, language)
+        return cache[key]
+
+    cells: dict[str, dict[str, Any]] = {}
+    for q in artifacts:
+        cells[q.version_id] = {}
+        for g in artifacts:
+            if g.space not in q.routes:
+                cells[q.version_id][g.version_id] = None
+                continue
+            q_img, q_txt = embedded(q, g.space)
+            g_img, g_txt = embedded(g, g.space)
+            cells[q.version_id][g.version_id] = cross_metrics(q_txt, q_img, g_img, g_txt, relevance)
+    return {"models": [a.version_id for a in artifacts],
+            "spaces": {a.version_id: a.space for a in artifacts}, "cells": cells}

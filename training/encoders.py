@@ -1,0 +1,278 @@
+"""Load open_clip models and encode text and images to normalised embeddings.
+
+Three ways to get a model (``ModelSpec``):
+1. ``arch`` + ``pretrained`` tag (weights from the hub; fails fast when unreachable),
+2. ``arch`` + ``checkpoint`` (a local weights file),
+3. ``config`` (an open_clip model config dict, e.g. from a JSON file, for tiny
+   models) + optional ``checkpoint``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import socket
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import open_clip
+import torch
+from open_clip.factory import load_state_dict
+from open_clip.model import get_model_preprocess_cfg, set_model_preprocess_cfg
+from open_clip.transform import PreprocessCfg, image_transform_v2, merge_preprocess_dict
+from PIL import Image
+
+from training.errors import ModelLoadError
+
+HUB_HOST = ("huggingface.co", 443)
+HUB_PROBE_TIMEOUT_S = 3.0
+
+
+def pick_device(device: str | torch.device | None = None) -> torch.device:
+    """The requested device, else CUDA when present, else CPU."""
+    if device is not None:
+        return torch.device(device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@dataclass
+class ModelSpec:
+    """Where a model's architecture and weights come from."""
+
+    arch: str | None = None  # open_clip architecture name, e.g. "ViT-B-32"
+    pretrained: str | None = None  # open_clip pretrained tag, e.g. "laion2b_s34b_b79k"
+    checkpoint: str | None = None  # local weights file (.safetensors, .pt, .bin)
+    config: dict[str, Any] | None = None  # open_clip model config (embed_dim, vision_cfg, text_cfg)
+    preprocess: dict[str, Any] = field(default_factory=dict)  # overrides of PreprocessCfg fields
+
+    def __post_init__(self) -> None:
+        if (self.arch is None) == (self.config is None):
+            raise ModelLoadError("a model spec needs exactly one of `arch` or `config`")
+        if self.pretrained and self.checkpoint:
+            raise ModelLoadError("give either a pretrained tag or a local checkpoint, not both")
+        if self.config is not None and self.pretrained:
+            raise ModelLoadError("a pretrained tag needs an open_clip architecture name (`arch`)")
+
+    @classmethod
+    def from_json(cls, path: str | Path, checkpoint: str | None = None) -> "ModelSpec":
+        """A spec from a JSON model config file (open_clip's format, or ``{"model_cfg": ...}``)."""
+        try:
+            raw = json.loads(Path(path).read_text())
+        except FileNotFoundError as exc:
+            raise ModelLoadError(f"model config file not found: {path}") from exc
+        except json.JSONDecodeError as exc:
+            raise ModelLoadError(f"model config {path} is not valid JSON: {exc}") from exc
+        config = raw.get("model_cfg", raw)
+        for key in ("embed_dim", "vision_cfg", "text_cfg"):
+            if key not in config:
+                raise ModelLoadError(f"model config {path} lacks the required key '{key}'")
+        return cls(config=config, checkpoint=checkpoint, preprocess=raw.get("preprocess_cfg", {}))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ModelSpec":
+        return cls(**data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def without_weights(self) -> "ModelSpec":
+        """The same architecture with no weight source (weights come from elsewhere)."""
+        return ModelSpec(arch=self.arch, config=copy.deepcopy(self.config),
+                         preprocess=dict(self.preprocess))
+
+    def describe(self) -> str:
+        if self.arch:
+            source = self.pretrained or self.checkpoint or "random init"
+            return f"{self.arch} ({source})"
+        return f"config embed_dim={self.config['embed_dim']} ({self.checkpoint or 'random init'})"
+
+
+def _hub_reachable() -> bool:
+    try:
+        socket.create_connection(HUB_HOST, timeout=HUB_PROBE_TIMEOUT_S).close()
+        return True
+    except OSError:
+        return False
+
+
+def _cached_hub_file(tag_cfg: dict[str, Any]) -> str | None:
+    """A locally cached weights file for a pretrained tag, if the hub cache holds one."""
+    repo = (tag_cfg.get("hf_hub") or "").strip("/")
+    if not repo:
+        return None
+    from huggingface_hub import try_to_load_from_cache
+
+    for filename in ("open_clip_model.safetensors", "open_clip_pytorch_model.bin"):
+        found = try_to_load_from_cache(repo, filename)
+        if isinstance(found, str):
+            return found
+    return None
+
+
+def _create_from_tag(spec: ModelSpec) -> torch.nn.Module:
+    """Arch + pretrained tag: use the local hub cache, else download; fail fast offline."""
+    tag_cfg = open_clip.get_pretrained_cfg(spec.arch, spec.pretrained)
+    if not tag_cfg:
+        known = open_clip.list_pretrained_tags_by_model(spec.arch)
+        raise ModelLoadError(f"unknown pretrained tag '{spec.pretrained}' for {spec.arch}; "
+                             f"known tags: {', '.join(known) or 'none'}")
+    preprocess = merge_preprocess_dict(tag_cfg, spec.preprocess)
+    cached = _cached_hub_file(tag_cfg)
+    if cached is None and not _hub_reachable():
+        raise ModelLoadError(
+            f"could not fetch the weights of {spec.arch}/{spec.pretrained}: the model hub "
+            f"({HUB_HOST[0]}) is unreachable and the weights are not cached. Download them "
+            f"where the hub is reachable and pass the file as a local checkpoint "
+            f"(--checkpoint PATH, or ModelSpec(arch='{spec.arch}', checkpoint=PATH)).")
+    try:
+        return open_clip.create_model(spec.arch, pretrained=cached or spec.pretrained,
+                                      force_preprocess_cfg=preprocess)
+    except RuntimeError as exc:
+        raise ModelLoadError(
+            f"could not fetch the weights of {spec.arch}/{spec.pretrained}: {exc}. Pass a local "
+            f"checkpoint instead (--checkpoint PATH).") from exc
+
+
+def _create_from_config(config: dict[str, Any], preprocess: dict[str, Any]) -> torch.nn.Module:
+    cfg = copy.deepcopy(config)
+    custom_text = cfg.pop("custom_text", False)
+    cls = open_clip.CustomTextCLIP if custom_text else open_clip.CLIP
+    try:
+        model = cls(**cfg)
+    except TypeError as exc:
+        raise ModelLoadError(f"invalid open_clip model config: {exc}") from exc
+    merged = merge_preprocess_dict(PreprocessCfg(), preprocess)
+    merged["size"] = model.visual.image_size
+    set_model_preprocess_cfg(model, merged)
+    return model
+
+
+def load_weights(model: torch.nn.Module, checkpoint: str | Path) -> None:
+    """Load a full-model state dict (safetensors or torch file), strictly."""
+    path = Path(checkpoint)
+    if not path.is_file():
+        raise ModelLoadError(f"checkpoint file not found: {path}")
+    try:
+        state = load_state_dict(str(path))
+    except Exception as exc:  # corrupt files raise many types (pickle, safetensors, zip)
+        raise ModelLoadError(f"checkpoint {path} could not be read: {exc}") from exc
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        raise ModelLoadError(f"checkpoint {path} does not match the architecture: {exc}") from exc
+
+
+def create_model(spec: ModelSpec) -> torch.nn.Module:
+    """Instantiate the open_clip model a spec describes, weights included, in eval mode."""
+    if spec.pretrained:
+        model = _create_from_tag(spec)
+    elif spec.arch:
+        try:
+            model = open_clip.create_model(spec.arch, force_preprocess_cfg=spec.preprocess or None)
+        except RuntimeError as exc:
+            raise ModelLoadError(f"unknown open_clip architecture '{spec.arch}': {exc}") from exc
+    else:
+        model = _create_from_config(spec.config or {}, spec.preprocess)
+    if spec.checkpoint:
+        load_weights(model, spec.checkpoint)
+    return model.eval()
+
+
+def create_tokenizer(spec: ModelSpec) -> Callable[..., torch.Tensor]:
+    if spec.arch:
+        return open_clip.get_tokenizer(spec.arch)
+    context = (spec.config or {}).get("text_cfg", {}).get("context_length", 77)
+    return open_clip.tokenizer.SimpleTokenizer(context_length=context)
+
+
+def image_preprocess(model: torch.nn.Module) -> Callable[[Image.Image], torch.Tensor]:
+    """Eval-time preprocessing from the model's own config (size, mean/std, interpolation)."""
+    cfg = PreprocessCfg(**get_model_preprocess_cfg(model))
+    return image_transform_v2(cfg, is_train=False)
+
+
+class Encoder:
+    """An open_clip model plus its tokenizer and preprocessing; encodes in batches.
+
+    ``text_head`` / ``image_head`` are optional modules applied after the towers
+    (e.g. an XBT projector); outputs are L2-normalised float32 numpy arrays.
+    """
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Callable[..., torch.Tensor],
+                 device: torch.device | str | None = None,
+                 text_head: torch.nn.Module | None = None,
+                 image_head: torch.nn.Module | None = None) -> None:
+        self.device = pick_device(device)
+        self.model = model.to(self.device).eval()
+        self.tokenizer = tokenizer
+        self.preprocess = image_preprocess(model)
+        self.text_head = text_head.to(self.device).eval() if text_head is not None else None
+        self.image_head = image_head.to(self.device).eval() if image_head is not None else None
+
+    @classmethod
+    def from_spec(cls, spec: ModelSpec, device: str | torch.device | None = None) -> "Encoder":
+        return cls(create_model(spec), create_tokenizer(spec), device)
+
+    @property
+    def context_length(self) -> int:
+        return int(getattr(self.model, "context_length", 77))
+
+    def tokenize(self, texts: Sequence[str]) -> torch.Tensor:
+        return self.tokenizer(list(texts))
+
+    def image_tensors(self, images: Sequence[Image.Image]) -> torch.Tensor:
+        """[N, 3, H, W] preprocessed images."""
+        return torch.stack([self.preprocess(im.convert("RGB")) for im in images])
+
+    @torch.inference_mode()
+    def encode_texts(self, texts: Sequence[str], batch_size: int = 256) -> np.ndarray:
+        chunks = []
+        for start in range(0, len(texts), batch_size):
+            tokens = self.tokenize(texts[start:start + batch_size]).to(self.device)
+            chunks.append(self._finish(self.model.encode_text(tokens), self.text_head))
+        return _concat(chunks, self.embed_dim)
+
+    @torch.inference_mode()
+    def encode_image_tensors(self, pixels: torch.Tensor, batch_size: int = 256) -> np.ndarray:
+        chunks = []
+        for start in range(0, len(pixels), batch_size):
+            batch = pixels[start:start + batch_size].to(self.device, dtype=torch.float32)
+            chunks.append(self._finish(self.model.encode_image(batch), self.image_head))
+        return _concat(chunks, self.embed_dim)
+
+    def encode_images(self, images: Sequence[Image.Image], batch_size: int = 256) -> np.ndarray:
+        chunks = [self.encode_image_tensors(self.image_tensors(images[s:s + batch_size]))
+                  for s in range(0, len(images), batch_size)]
+        return _concat(chunks, self.embed_dim)
+
+    @property
+    def embed_dim(self) -> int:
+        head = self.text_head
+        if head is not None and hasattr(head, "out_dim"):
+            return int(head.out_dim)
+        return model_embed_dim(self.model)
+
+    @staticmethod
+    def _finish(features: torch.Tensor, head: torch.nn.Module | None) -> np.ndarray:
+        if head is not None:
+            features = head(features)
+        features = torch.nn.functional.normalize(features.float(), dim=-1)
+        return features.cpu().numpy().astype(np.float32)
+
+
+def model_embed_dim(model: torch.nn.Module) -> int:
+    """The joint embedding width of an open_clip model."""
+    proj = getattr(model, "text_projection", None)
+    if isinstance(proj, torch.Tensor):
+        return int(proj.shape[1])
+    if isinstance(proj, torch.nn.Linear):
+        return int(proj.out_features)
+    return int(model.visual.output_dim)
+
+
+def _concat(chunks: list[np.ndarray], dim: int) -> np.ndarray:
+    if not chunks:
+        return np.zeros((0, dim), dtype=np.float32)
+    return np.concatenate(chunks, axis=0)

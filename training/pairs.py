@@ -1,0 +1,77 @@
+"""Image-caption pairs as tensors, and the batch stream that training loops consume.
+
+Images are preprocessed once with the model's own eval transform and kept as
+float16 ([N, 3, H, W]); captions are tokenized once ([M, context]). Each epoch
+visits every image once in a seeded random order, pairing it with one of its
+captions drawn at random.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from training.data import PairDataset
+from training.encoders import Encoder
+from training.errors import DataError
+
+
+@dataclass
+class PairTensors:
+    pixels: torch.Tensor  # [N, 3, H, W] float16, preprocessed
+    tokens: torch.Tensor  # [M, context] token ids
+    owner: torch.Tensor  # [M] image index of each caption
+    captions: list[str]
+
+    def __post_init__(self) -> None:
+        if len(self.pixels) == 0 or len(self.tokens) == 0:
+            raise DataError("no image-caption pairs to train on (empty dataset)")
+
+    def captions_of(self) -> list[np.ndarray]:
+        """Per image, the indices of its captions."""
+        order = np.argsort(self.owner.numpy(), kind="stable")
+        counts = np.bincount(self.owner.numpy(), minlength=len(self.pixels))
+        return np.split(order, np.cumsum(counts)[:-1])
+
+
+def image_pixels(dataset: PairDataset, encoder: Encoder, show_progress: bool = False,
+                 desc: str = "preprocess") -> torch.Tensor:
+    """[N, 3, H, W] float16 preprocessed images of a dataset."""
+    rows = [encoder.preprocess(dataset.load_image(i).convert("RGB")).half()
+            for i in tqdm(range(len(dataset)), desc=desc, disable=not show_progress)]
+    if not rows:
+        raise DataError("the dataset has no images")
+    return torch.stack(rows)
+
+
+def build_pairs(dataset: PairDataset, encoder: Encoder, languages: Sequence[str] = ("en",),
+                show_progress: bool = False, pixels: torch.Tensor | None = None) -> PairTensors:
+    texts: list[str] = []
+    owners: list[int] = []
+    for lang in languages:
+        lang_texts, lang_owner = dataset.captions(lang)
+        texts += lang_texts
+        owners += lang_owner
+    if pixels is None:
+        pixels = image_pixels(dataset, encoder, show_progress)
+    return PairTensors(pixels, encoder.tokenize(texts), torch.tensor(owners), texts)
+
+
+def pair_batches(pairs: PairTensors, batch_size: int, seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Endless (pixels [B,3,H,W] float32, tokens [B,ctx]) batches, one caption per image."""
+    rng = np.random.default_rng(seed)
+    groups = pairs.captions_of()
+    usable = np.array([i for i, g in enumerate(groups) if len(g)])
+    if len(usable) < 2:
+        raise DataError("need at least 2 images with captions to form a contrastive batch")
+    batch_size = min(batch_size, len(usable))
+    while True:
+        order = rng.permutation(usable)
+        for start in range(0, len(order) - batch_size + 1, batch_size):
+            images = order[start:start + batch_size]
+            caps = [groups[i][rng.integers(len(groups[i]))] for i in images]
+            yield pairs.pixels[images].float(), pairs.tokens[caps]

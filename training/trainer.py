@@ -1,0 +1,167 @@
+"""The generic training loop: AdamW, cosine schedule with warmup, clipping, progress.
+
+A *task* wraps model(s) + loss and returns a dict of named losses for a batch;
+the loop sums every ``*_loss`` and never branches on the method (open_clip's
+pattern). Progress (step, total, loss, ETA) goes to a tqdm bar and to an
+optional callback, which may raise to stop the run (cooperative cancellation).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterator, Protocol
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from training.errors import ConfigError
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation hyperparameters, saved with every artifact."""
+
+    steps: int = 1000  # optimizer steps
+    batch_size: int = 256
+    lr: float = 5e-4
+    weight_decay: float = 0.1
+    warmup: float = 0.1  # fraction of steps with linear warmup
+    schedule: str = "cosine"  # cosine | linear | constant (after warmup)
+    min_lr_ratio: float = 0.0  # final lr as a fraction of lr (cosine/linear)
+    grad_clip: float = 1.0  # max global grad norm; 0 disables
+    adam_eps: float = 1e-8
+    seed: int = 0
+    checkpoint_every: int = 0  # steps between checkpoints; 0 disables
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ConfigError(f"steps must be >= 1, got {self.steps}")
+        if self.batch_size < 2:
+            raise ConfigError(f"batch_size must be >= 2 for contrastive training, got "
+                              f"{self.batch_size}")
+        if self.lr <= 0:
+            raise ConfigError(f"lr must be > 0, got {self.lr}")
+        if not 0 <= self.warmup < 1:
+            raise ConfigError(f"warmup is a fraction of steps in [0, 1), got {self.warmup}")
+        if self.schedule not in ("cosine", "linear", "constant"):
+            raise ConfigError(f"schedule must be cosine, linear or constant, got {self.schedule!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Task(Protocol):
+    """What the loop trains: named losses for a batch (keys ending in ``_loss`` are summed)."""
+
+    def losses(self, batch: Any) -> dict[str, torch.Tensor]: ...
+
+
+@dataclass
+class Progress:
+    step: int
+    total: int
+    loss: float
+    eta_s: float
+    samples_per_s: float
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    seconds: float
+    losses: list[float] = field(default_factory=list)
+
+    @property
+    def final_loss(self) -> float:
+        tail = self.losses[-20:]
+        return float(sum(tail) / max(len(tail), 1))
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def lr_factor(step: int, cfg: TrainConfig) -> float:
+    """Multiplier of the base lr at ``step`` (0-based): linear warmup, then the schedule."""
+    warm = int(cfg.warmup * cfg.steps)
+    if step < warm:
+        return (step + 1) / warm
+    if cfg.schedule == "constant":
+        return 1.0
+    progress = (step - warm) / max(cfg.steps - warm, 1)
+    if cfg.schedule == "linear":
+        shape = 1.0 - progress
+    else:
+        shape = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * shape
+
+
+def make_optimizer(groups: list[dict[str, Any]], cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW over parameter groups; a group may set its own ``lr`` / ``weight_decay``."""
+    for group in groups:
+        group.setdefault("lr", cfg.lr)
+        group.setdefault("weight_decay", cfg.weight_decay)
+        group["base_lr"] = group["lr"]
+    return torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay, eps=cfg.adam_eps)
+
+
+def _apply_schedule(opt: torch.optim.Optimizer, step: int, cfg: TrainConfig) -> None:
+    factor = lr_factor(step, cfg)
+    for group in opt.param_groups:
+        group["lr"] = group["base_lr"] * factor
+
+
+def train(task: Task, batches: Iterator[Any], groups: list[dict[str, Any]], cfg: TrainConfig,
+          desc: str = "train", show_progress: bool = True,
+          on_progress: Callable[[Progress], None] | None = None,
+          on_checkpoint: Callable[[int], None] | None = None,
+          before_step: Callable[[torch.optim.Optimizer], None] | None = None) -> TrainResult:
+    """Run ``cfg.steps`` optimizer steps of ``task`` over ``batches``.
+
+    ``before_step`` runs after clipping and before ``opt.step()`` (e.g. gradient
+    projection); ``on_progress`` is called every step and may raise to stop.
+    """
+    opt = make_optimizer(groups, cfg)
+    params = [p for g in opt.param_groups for p in g["params"]]
+    result, start = TrainResult(0, 0.0), time.perf_counter()
+    bar = tqdm(total=cfg.steps, desc=desc, disable=not show_progress, dynamic_ncols=True)
+    for step in range(cfg.steps):
+        _apply_schedule(opt, step, cfg)
+        loss = _one_step(task, next(batches), opt, params, cfg, before_step)
+        result.losses.append(loss)
+        result.steps = step + 1
+        elapsed = time.perf_counter() - start
+        prog = Progress(step + 1, cfg.steps, loss, elapsed / (step + 1) * (cfg.steps - step - 1),
+                        (step + 1) * cfg.batch_size / max(elapsed, 1e-9))
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss:.4f}", samples_s=f"{prog.samples_per_s:.0f}")
+        if on_progress is not None:
+            on_progress(prog)
+        if on_checkpoint is not None and cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
+            on_checkpoint(step + 1)
+    bar.close()
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _one_step(task: Task, batch: Any, opt: torch.optim.Optimizer, params: list[torch.Tensor],
+              cfg: TrainConfig,
+              before_step: Callable[[torch.optim.Optimizer], None] | None) -> float:
+    losses = task.losses(batch)
+    total = sum(v for k, v in losses.items() if k.endswith("_loss"))
+    if not torch.isfinite(total):
+        raise FloatingPointError(f"loss is not finite ({float(total)}); lower the lr")
+    opt.zero_grad(set_to_none=True)
+    total.backward()
+    if cfg.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+    if before_step is not None:
+        before_step(opt)
+    opt.step()
+    return float(total.detach())

@@ -1,0 +1,1 @@
+"""nobackfill worker: Celery tasks that run ``training`` entry points and record results."""
