@@ -37,3 +37,58 @@ def micro_spec() -> ModelSpec:
 def small_world() -> PairDataset:
     """200 synthetic items, all domains, all languages."""
     return PairDataset.from_synth(generate_items(200, seed=3, id_prefix="t-"))
+
+
+# ---------------------------------------------------------------- gateway (service/) fixtures
+ADMIN_KEY = "admin-key"
+ADMIN = {"X-API-Key": ADMIN_KEY}
+
+
+@pytest.fixture(scope="session")
+def micro_versions(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Random-init micro artifacts: v1 (space v1, no gate report), v2 (space v1, other
+    weights, gate passed: a continual successor), v3 (space v3 only, gate passed)."""
+    from training.artifacts import WEIGHTS, model_state, write_artifact
+    from training.encoders import create_model
+
+    root = tmp_path_factory.mktemp("versions")
+    spec = ModelSpec(config=json.loads(json.dumps(MICRO_CONFIG)),
+                     preprocess=dict(MICRO_PREPROCESS))
+    out = {}
+    for vid, space, seed, gate in (("v1", "v1", 1, None), ("v2", "v1", 2, {"passed": True}),
+                                   ("v3", "v3", 3, {"passed": True})):
+        torch.manual_seed(seed)
+        manifest = {"version_id": vid, "space": space, "model_spec": spec.to_dict(),
+                    "embed_dim": 32, **({"gate": gate} if gate else {})}
+        weights = {WEIGHTS: model_state(create_model(spec))}
+        out[vid] = write_artifact(root / vid, manifest, weights).path
+    return out
+
+
+@pytest.fixture
+def gateway_factory(tmp_path: Path, micro_versions: dict[str, Path]):
+    """``with gateway_factory(**settings) as client``: a started gateway on in-memory Qdrant
+    with v1, v2, v3 registered and gallery 'shapes' (space v1, served by v1)."""
+    import contextlib
+
+    from fastapi.testclient import TestClient
+
+    from service.core.config import Settings
+    from service.main import create_app
+    from service.registry import Registry
+
+    @contextlib.contextmanager
+    def make(load=None, **overrides):
+        values = {"data_dir": tmp_path / "data", "qdrant_path": ":memory:",
+                  "admin_api_keys": {"ops": ADMIN_KEY}, "registry_poll_interval_s": 0.05,
+                  "batch_max_wait_ms": 2.0, **overrides}
+        settings = Settings(**values)
+        registry = Registry(settings.registry_dir)
+        for path in micro_versions.values():
+            registry.register(path, by="fixture")
+        with TestClient(create_app(settings, load)) as client:
+            response = client.post("/v1/galleries", headers=ADMIN,
+                                   json={"name": "shapes", "space": "v1", "version": "v1"})
+            assert response.status_code == 201, response.text
+            yield client
+    return make

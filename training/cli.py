@@ -153,6 +153,153 @@ def add_info(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_info)
 
 
+# ---------------------------------------------------------------- upgrade
+def add_config_options(p: argparse.ArgumentParser, cls: Any, skip: Sequence[str] = ()) -> None:
+    """One ``--field-name`` per dataclass field, typed, with the field's help text; fields
+    not given keep the dataclass default (argparse.SUPPRESS)."""
+    import dataclasses
+
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        kind = type(f.default)
+        helptext = f"{f.metadata.get('help', '')} (default: {f.default})".replace("%", "%%")
+        if kind is bool:
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
+                           help=helptext)
+        else:
+            p.add_argument(flag, type=kind, default=argparse.SUPPRESS, help=helptext)
+
+
+def config_from(args: argparse.Namespace, cls: Any) -> Any:
+    import dataclasses
+
+    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
+                  if hasattr(args, f.name)})
+
+
+def new_model_from(args: argparse.Namespace) -> Any:
+    """--new ARTIFACT, or a model spec from --new-model-config / --new-arch options."""
+    from training.artifacts import load_artifact
+    from training.encoders import ModelSpec
+    from training.errors import ConfigError
+
+    given = [args.new, args.new_model_config, args.new_arch]
+    if sum(v is not None for v in given) != 1:
+        raise ConfigError("give the new model as exactly one of --new ARTIFACT_DIR, "
+                          "--new-model-config JSON or --new-arch NAME")
+    if args.new:
+        return load_artifact(args.new)
+    if args.new_model_config:
+        return ModelSpec.from_json(args.new_model_config, checkpoint=args.new_checkpoint)
+    return ModelSpec(arch=args.new_arch, pretrained=args.new_pretrained,
+                     checkpoint=args.new_checkpoint)
+
+
+def cmd_upgrade_xbt(args: argparse.Namespace) -> int:
+    from training.artifacts import load_artifact
+    from training.xbt.config import XbtConfig
+    from training.xbt.upgrade import upgrade
+
+    cfg = config_from(args, XbtConfig)
+    old, new = load_artifact(args.old), new_model_from(args)
+    art = upgrade(old, new, args.corpus, open_dataset(args.pairs, args.skip_bad), args.out, cfg,
+                  version_id=args.version_id, target_space=args.target_space, device=args.device)
+    emit(args, art.manifest, f"wrote {art.version_id} to {art.path}: space '{art.space}', "
+         f"route into '{art.manifest['target_space']}'\n"
+         + json.dumps(art.manifest["metrics"], indent=2))
+    return 0
+
+
+def add_upgrade(sub: argparse._SubParsersAction) -> None:
+    from training.xbt.config import XbtConfig
+
+    p = sub.add_parser("upgrade", help="make a new model compatible with an old gallery")
+    methods = p.add_subparsers(dest="upgrade", required=True)
+    x = methods.add_parser("xbt", help="cross-modal backward-compatible training (XBT, or "
+                                       "the Direct baseline with --method direct)")
+    x.add_argument("--old", required=True, help="artifact of the old version (gallery model)")
+    g = x.add_argument_group("new model (one of --new, --new-model-config, --new-arch)")
+    g.add_argument("--new", help="artifact directory of the new model")
+    g.add_argument("--new-model-config", help="JSON model config (open_clip format)")
+    g.add_argument("--new-arch", help="open_clip architecture name, e.g. ViT-L-14")
+    g.add_argument("--new-pretrained", help="open_clip pretrained tag (needs the model hub)")
+    g.add_argument("--new-checkpoint", help="local weights file of the new model")
+    x.add_argument("--corpus", required=True,
+                   help="stage 1 captions: a text file, one caption per line, or synth:N")
+    x.add_argument("--pairs", required=True, help="paired set: manifest or dataset directory")
+    x.add_argument("--out", required=True, help="artifact directory to create")
+    x.add_argument("--version-id", help="default: generated")
+    x.add_argument("--target-space", help="space to map into (default: the old version's root)")
+    x.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when present)")
+    x.add_argument("--skip-bad", action="store_true", help="skip pairs with bad images")
+    x.add_argument("--method", choices=["xbt", "direct"], default=argparse.SUPPRESS,
+                   help="xbt (default) or the Direct baseline")
+    x.add_argument("--no-prompts", dest="prompts", action="store_const", const=0,
+                   default=argparse.SUPPRESS, help="no visual soft prompts (e.g. ResNet towers)")
+    add_config_options(x, XbtConfig, skip=("method",))
+    x.add_argument("--json", action="store_true")
+    x.set_defaults(func=cmd_upgrade_xbt)
+
+
+# ---------------------------------------------------------------- continual
+def _assignment(value: str) -> tuple[str, str]:
+    key, sep, rest = value.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {value!r}")
+    return key.strip().replace("-", "_"), rest.strip()
+
+
+def cmd_continual(args: argparse.Namespace) -> int:
+    from training.continual import get_strategy
+    from training.continual.phase import run_phase
+    from training.continual.strategy import PhaseOptions
+
+    overrides = dict(args.set or [])
+    for name in ("replay", "lr"):
+        if getattr(args, name) is not None:
+            overrides[name] = getattr(args, name)
+    config = get_strategy(args.method).Config.from_dict(overrides)
+    options = PhaseOptions(steps=args.steps, batch_size=args.batch_size, seed=args.seed,
+                           domain=args.domain, language=args.language,
+                           version_id=args.version_id, device=args.device)
+    prior = open_dataset(args.prior, args.skip_bad) if args.prior else None
+    art = run_phase(args.parent, args.method, open_dataset(args.data, args.skip_bad), args.out,
+                    config, options, prior)
+    emit(args, art.manifest, f"wrote {art.version_id} ({args.method}) to {art.path}: parent "
+         f"{art.manifest['parent']}, space '{art.space}'\n"
+         + json.dumps(art.manifest["metrics"], indent=2))
+    return 0
+
+
+def add_continual(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("continual", help="one continual phase: a new version from an old one, "
+                                          "same embedding space")
+    p.add_argument("--method", required=True,
+                   help="seqft, modx, ctp, dns (domain phases); teir, cll-clip (language)")
+    p.add_argument("--from", dest="parent", required=True, help="artifact of the parent version")
+    p.add_argument("--data", required=True, help="manifest or dataset directory")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--domain", help="domain methods: train on this domain only")
+    which.add_argument("--language", help="language methods: the language to add, e.g. de")
+    p.add_argument("--out", required=True, help="artifact directory to create")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--lr", type=float, help="default: the method's (METHODS.md)")
+    p.add_argument("--replay", type=int, help="replay memory size in images (reservoir)")
+    p.add_argument("--prior", help="sample of data the parent already serves; seeds DNS "
+                                   "statistics / the replay memory when the parent has none")
+    p.add_argument("--set", action="append", type=_assignment, metavar="KEY=VALUE",
+                   help="any field of the method's config, e.g. --set alpha=10 (repeatable)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--version-id", help="default: generated")
+    p.add_argument("--device", help="cpu, cuda (default: cuda when present)")
+    p.add_argument("--skip-bad", action="store_true", help="skip rows with bad images")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_continual)
+
+
 # ---------------------------------------------------------------- bench
 def add_bench(sub: argparse._SubParsersAction) -> None:
     from training.bench import BENCHMARKS
@@ -163,7 +310,8 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
         register(bench_sub, name)
 
 
-PARSERS = [add_synth, add_train_base, add_eval, add_info, add_bench]
+PARSERS = [add_synth, add_train_base, add_eval, add_info, add_upgrade, add_continual,
+           add_bench]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -46,6 +46,9 @@ class ModelSpec:
     checkpoint: str | None = None  # local weights file (.safetensors, .pt, .bin)
     config: dict[str, Any] | None = None  # open_clip model config (embed_dim, vision_cfg, text_cfg)
     preprocess: dict[str, Any] = field(default_factory=dict)  # overrides of PreprocessCfg fields
+    # Vocabulary extension of the tokenizer: {"added_merges": [[a, b], ...]}, BPE merges
+    # appended after the base tokenizer's own (a continual language phase writes it).
+    tokenizer: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if (self.arch is None) == (self.config is None):
@@ -80,7 +83,8 @@ class ModelSpec:
     def without_weights(self) -> "ModelSpec":
         """The same architecture with no weight source (weights come from elsewhere)."""
         return ModelSpec(arch=self.arch, config=copy.deepcopy(self.config),
-                         preprocess=dict(self.preprocess))
+                         preprocess=dict(self.preprocess),
+                         tokenizer=copy.deepcopy(self.tokenizer))
 
     def describe(self) -> str:
         if self.arch:
@@ -182,9 +186,42 @@ def create_model(spec: ModelSpec) -> torch.nn.Module:
 
 def create_tokenizer(spec: ModelSpec) -> Callable[..., torch.Tensor]:
     if spec.arch:
-        return open_clip.get_tokenizer(spec.arch)
-    context = (spec.config or {}).get("text_cfg", {}).get("context_length", 77)
-    return open_clip.tokenizer.SimpleTokenizer(context_length=context)
+        tokenizer = open_clip.get_tokenizer(spec.arch)
+    else:
+        context = (spec.config or {}).get("text_cfg", {}).get("context_length", 77)
+        tokenizer = open_clip.tokenizer.SimpleTokenizer(context_length=context)
+    if spec.tokenizer and spec.tokenizer.get("added_merges"):
+        extend_vocabulary(tokenizer, spec.tokenizer["added_merges"])
+    return tokenizer
+
+
+def extend_vocabulary(tokenizer: Any, merges: Sequence[Sequence[str]]) -> list[str]:
+    """Append BPE merges to an open_clip ``SimpleTokenizer`` in place; returns the new tokens.
+
+    Each merge ranks after every existing one (old merges keep priority) and its
+    result, when not already a token, gets the next id, so existing ids never change
+    and the ids follow from the merge list alone.
+    """
+    if not isinstance(tokenizer, open_clip.tokenizer.SimpleTokenizer):
+        raise ModelLoadError(f"only open_clip's BPE SimpleTokenizer can be extended, not "
+                             f"{type(tokenizer).__name__}")
+    added: list[str] = []
+    for merge in merges:
+        first, second = (str(part) for part in merge)
+        if first not in tokenizer.encoder or second not in tokenizer.encoder:
+            raise ModelLoadError(f"vocabulary merge {merge!r} joins an unknown token")
+        if (first, second) in tokenizer.bpe_ranks:
+            continue
+        tokenizer.bpe_ranks[(first, second)] = len(tokenizer.bpe_ranks)
+        token = first + second
+        if token not in tokenizer.encoder:
+            tokenizer.encoder[token] = len(tokenizer.encoder)
+            tokenizer.decoder[tokenizer.encoder[token]] = token
+            added.append(token)
+    tokenizer.vocab_size = len(tokenizer.encoder)
+    # bpe() memoises segmentations made with the old merges; keep only the specials
+    tokenizer.cache = {tokenizer.decoder[i]: tokenizer.decoder[i] for i in tokenizer.all_special_ids}
+    return added
 
 
 def image_preprocess(model: torch.nn.Module) -> Callable[[Image.Image], torch.Tensor]:

@@ -102,13 +102,16 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
     return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * shape
 
 
-def make_optimizer(groups: list[dict[str, Any]], cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW over parameter groups; a group may set its own ``lr`` / ``weight_decay``."""
+def make_optimizer(groups: list[dict[str, Any]], cfg: TrainConfig,
+                   optimizer_cls: type[torch.optim.Optimizer] = torch.optim.AdamW,
+                   ) -> torch.optim.Optimizer:
+    """AdamW (or ``optimizer_cls``, same signature) over parameter groups; a group may
+    set its own ``lr`` / ``weight_decay``."""
     for group in groups:
         group.setdefault("lr", cfg.lr)
         group.setdefault("weight_decay", cfg.weight_decay)
         group["base_lr"] = group["lr"]
-    return torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay, eps=cfg.adam_eps)
+    return optimizer_cls(groups, lr=cfg.lr, weight_decay=cfg.weight_decay, eps=cfg.adam_eps)
 
 
 def _apply_schedule(opt: torch.optim.Optimizer, step: int, cfg: TrainConfig) -> None:
@@ -121,19 +124,22 @@ def train(task: Task, batches: Iterator[Any], groups: list[dict[str, Any]], cfg:
           desc: str = "train", show_progress: bool = True,
           on_progress: Callable[[Progress], None] | None = None,
           on_checkpoint: Callable[[int], None] | None = None,
-          before_step: Callable[[torch.optim.Optimizer], None] | None = None) -> TrainResult:
+          before_step: Callable[[torch.optim.Optimizer], None] | None = None,
+          after_step: Callable[[torch.optim.Optimizer], None] | None = None,
+          optimizer_cls: type[torch.optim.Optimizer] = torch.optim.AdamW) -> TrainResult:
     """Run ``cfg.steps`` optimizer steps of ``task`` over ``batches``.
 
     ``before_step`` runs after clipping and before ``opt.step()`` (e.g. gradient
-    projection); ``on_progress`` is called every step and may raise to stop.
+    projection), ``after_step`` right after it (e.g. projecting the update);
+    ``on_progress`` is called every step and may raise to stop.
     """
-    opt = make_optimizer(groups, cfg)
+    opt = make_optimizer(groups, cfg, optimizer_cls)
     params = [p for g in opt.param_groups for p in g["params"]]
     result, start = TrainResult(0, 0.0), time.perf_counter()
     bar = tqdm(total=cfg.steps, desc=desc, disable=not show_progress, dynamic_ncols=True)
     for step in range(cfg.steps):
         _apply_schedule(opt, step, cfg)
-        loss = _one_step(task, next(batches), opt, params, cfg, before_step)
+        loss = _one_step(task, next(batches), opt, params, cfg, before_step, after_step)
         result.losses.append(loss)
         result.steps = step + 1
         elapsed = time.perf_counter() - start
@@ -152,7 +158,8 @@ def train(task: Task, batches: Iterator[Any], groups: list[dict[str, Any]], cfg:
 
 def _one_step(task: Task, batch: Any, opt: torch.optim.Optimizer, params: list[torch.Tensor],
               cfg: TrainConfig,
-              before_step: Callable[[torch.optim.Optimizer], None] | None) -> float:
+              before_step: Callable[[torch.optim.Optimizer], None] | None,
+              after_step: Callable[[torch.optim.Optimizer], None] | None = None) -> float:
     losses = task.losses(batch)
     total = sum(v for k, v in losses.items() if k.endswith("_loss"))
     if not torch.isfinite(total):
@@ -164,4 +171,6 @@ def _one_step(task: Task, batch: Any, opt: torch.optim.Optimizer, params: list[t
     if before_step is not None:
         before_step(opt)
     opt.step()
+    if after_step is not None:
+        after_step(opt)
     return float(total.detach())

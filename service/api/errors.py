@@ -1,0 +1,80 @@
+"""Errors become one JSON shape, ``{"error": {"code", "message"}}``, mapped here once."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException
+
+from service.core import errors as e
+from service.core.errors import ServiceError
+from training.errors import NobackfillError
+
+log = logging.getLogger(__name__)
+
+STATUS: dict[type[ServiceError], int] = {
+    e.NotFound: 404, e.Conflict: 409, e.InvalidInput: 422, e.TooLarge: 413,
+    e.UnsupportedMedia: 415, e.Unauthorized: 401, e.Unavailable: 503, e.RegistryError: 500,
+}
+HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed",
+              413: "too_large", 415: "unsupported_media_type", 422: "invalid_request"}
+
+
+def error_response(status: int, code: str, message: str,
+                   details: list[dict] | None = None) -> JSONResponse:
+    body: dict = {"code": code, "message": message}
+    if details is not None:
+        body["details"] = details
+    return JSONResponse({"error": body}, status_code=status)
+
+
+def status_of(exc: ServiceError) -> int:
+    for cls in type(exc).__mro__:
+        if cls in STATUS:
+            return STATUS[cls]
+    return 500
+
+
+async def on_service_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ServiceError)
+    return error_response(status_of(exc), exc.code, exc.message)
+
+
+async def on_library_error(request: Request, exc: Exception) -> JSONResponse:
+    """The ML library rejected an artifact or model spec we were asked to use."""
+    return error_response(422, "invalid_artifact", str(exc))
+
+
+async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, (RequestValidationError, ValidationError))
+    details = [{"loc": [str(p) for p in err.get("loc", ())], "msg": str(err.get("msg", "")),
+                "type": str(err.get("type", ""))} for err in exc.errors()]
+    first = details[0] if details else {"loc": [], "msg": "invalid request"}
+    where = ".".join(first["loc"]) or "body"
+    return error_response(422, "invalid_request", f"{where}: {first['msg']}", details)
+
+
+async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    code = HTTP_CODES.get(exc.status_code, "http_error")
+    response = error_response(exc.status_code, code, str(exc.detail))
+    response.headers.update(exc.headers or {})
+    return response
+
+
+async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return error_response(500, "internal", "internal error; see the gateway log")
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(ServiceError, on_service_error)
+    app.add_exception_handler(NobackfillError, on_library_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(ValidationError, on_validation_error)
+    app.add_exception_handler(HTTPException, on_http_error)
+    app.add_exception_handler(Exception, on_unexpected)

@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from service.api import API_V1, bodies
+from service.api.deps import GatewayDep, ReaderDep
+from service.api.schemas import inline_schema
+from service.api.schemas.search import (
+    SearchForm,
+    SearchRequest,
+    SearchResponse,
+    multipart_schema,
+)
+from service.core.config import Settings
+from service.core.errors import InvalidInput
+from service.media import from_base64
+from service.search import Query, search
+
+router = APIRouter(prefix=API_V1, tags=["search"])
+BODY = {"requestBody": {"required": True, "content": {
+    bodies.JSON: {"schema": inline_schema(SearchRequest)},
+    bodies.MULTIPART: {"schema": multipart_schema()}}}}
+
+
+@router.post("/galleries/{gallery}/search", response_model=SearchResponse, openapi_extra=BODY)
+async def search_gallery(gallery: str, request: Request, gateway: GatewayDep,
+                         _: ReaderDep) -> SearchResponse:
+    """Search a gallery with a text or an image (base64 JSON, or multipart ``image`` file)."""
+    if bodies.is_form(request):
+        query = await _from_form(request, gateway.settings)
+    else:
+        query = _from_json(SearchRequest.model_validate_json(await request.body()),
+                           gateway.settings)
+    answer = await search(gateway.runtime, gateway.store, gateway.settings, gallery, query)
+    return SearchResponse.of(answer)
+
+
+def _from_json(body: SearchRequest, settings: Settings) -> Query:
+    image = (from_base64(body.image_base64, settings.max_image_bytes)
+             if body.image_base64 is not None else None)
+    return Query(body.text, image, body.kind, body.top_k, body.filter)
+
+
+async def _from_form(request: Request, settings: Settings) -> Query:
+    async with bodies.form(request) as form:
+        fields = SearchForm.model_validate(bodies.text_fields(form))
+        uploads = bodies.files(form, "image")
+        if len(uploads) > 1:
+            raise InvalidInput("send one image per search")
+        image = await bodies.file_bytes(uploads[0], settings.max_image_bytes) if uploads else None
+    return Query(fields.text, image, fields.kind, fields.top_k, fields.filter)

@@ -1,0 +1,123 @@
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, Json, StringConstraints
+
+from service.api.schemas import inline_schema
+from service.registry import Event, GalleryRecord
+from service.runtime.serving import Serving
+
+GalleryName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")]
+Name = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+ItemId = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+
+
+class GalleryCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: GalleryName
+    space: Name = Field(description="the embedding space the gallery's vectors live in")
+    version: Name | None = Field(
+        None, description="version that serves it; default: the newest native to the space")
+
+
+class EventOut(BaseModel):
+    action: str
+    version: str
+    previous: str | None
+    by: str
+    at: str
+    reason: str | None
+    forced: bool
+    overrides: list[str]
+
+    @classmethod
+    def of(cls, event: Event) -> EventOut:
+        return cls(**event.to_json())
+
+
+class ServingOut(BaseModel):
+    """What this gateway replica actually serves the gallery with right now."""
+
+    version: str | None
+    route: str | None
+    problem: str | None
+
+
+class GalleryOut(BaseModel):
+    name: str
+    space: str
+    active: str
+    created_at: str
+    history: list[EventOut]
+    serving: ServingOut | None = None
+    items: int | None = Field(None, description="points stored (single-gallery reads only)")
+
+    @classmethod
+    def of(cls, record: GalleryRecord, serving: Serving | None = None,
+           items: int | None = None) -> GalleryOut:
+        return cls(name=record.name, space=record.space, active=record.active,
+                   created_at=record.created_at,
+                   history=[EventOut.of(e) for e in record.history],
+                   serving=_serving(serving) if serving else None, items=items)
+
+
+def _serving(serving: Serving) -> ServingOut:
+    embedder = serving.embedder
+    problem = serving.error.message if serving.error else serving.stale
+    return ServingOut(version=embedder.version if embedder else None,
+                      route=embedder.route if embedder else None, problem=problem)
+
+
+class ItemIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: ItemId
+    text: str | None = Field(None, max_length=10_000)
+    image_base64: str | None = None
+    payload: dict[str, Any] | None = Field(None, description="stored and returned with hits")
+
+
+class ItemsIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    items: list[ItemIn] = Field(min_length=1)
+
+
+class IngestOut(BaseModel):
+    gallery: str
+    version: str
+    space: str
+    count: int
+
+
+class DeleteIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ids: list[ItemId] = Field(
+        min_length=1, max_length=10_000)
+
+
+class DeleteOut(BaseModel):
+    gallery: str
+    deleted: int = Field(description="ids asked to delete (absent ids are not an error)")
+
+
+class ItemsForm(BaseModel):
+    """The non-file fields of a multipart ingest (the files are the ``images`` parts)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ids: list[ItemId] | None = Field(None, description="one per image, in order; default: "
+                                                       "the file names")
+    payloads: Json[list[dict[str, Any] | None]] | None = Field(
+        None, description="JSON array with one payload object (or null) per image")
+
+
+def items_multipart_schema() -> dict[str, Any]:
+    schema = inline_schema(ItemsForm)
+    schema["properties"]["images"] = {"type": "array",
+                                      "items": {"type": "string", "format": "binary"}}
+    schema["required"] = ["images"]
+    return schema

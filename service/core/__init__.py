@@ -1,0 +1,1 @@
+"""Process settings, typed errors and metrics shared by the gateway's parts."""

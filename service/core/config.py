@@ -1,0 +1,61 @@
+"""The gateway's process settings: one pydantic-settings class, read from ``NOBACKFILL_*``.
+
+Model hyperparameters never live here (they travel inside artifacts); this is only
+where things are (paths, URLs), who may call (keys) and how the process behaves.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MEMORY = ":memory:"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="NOBACKFILL_", extra="ignore")
+
+    data_dir: Path = Field(Path("data"), description="root of local state (registry, qdrant)")
+    registry_root: Path | None = Field(
+        None, description="model versions + index + gallery state; default DATA_DIR/registry")
+    qdrant_url: str | None = Field(None, description="Qdrant server URL; unset: embedded local")
+    qdrant_api_key: SecretStr | None = None
+    qdrant_path: str | None = Field(
+        None, description="embedded Qdrant path (default DATA_DIR/qdrant) or ':memory:'")
+    admin_api_keys: dict[str, SecretStr] = Field(
+        default_factory=dict,
+        description='JSON object name -> key, e.g. {"ops": "s3cret"}; the name is recorded '
+                    "as who promoted or rolled back")
+    read_api_key: SecretStr | None = Field(None, description="if set, search needs a key")
+    batch_max_size: int = Field(32, ge=1, le=4096, description="1 turns dynamic batching off")
+    batch_max_wait_ms: float = Field(
+        2.0, ge=0, le=10_000, description="how long a lone query waits for company when the "
+        "device is idle (under load, batches fill while the previous forward runs)")
+    top_k_max: int = Field(100, ge=1, le=10_000)
+    max_image_pixels: int = Field(40_000_000, ge=1, description="larger images get 413")
+    max_image_bytes: int = Field(20 * 2**20, ge=1, description="larger uploads get 413")
+    max_request_bytes: int = Field(256 * 2**20, ge=1, description="by Content-Length, 413")
+    ingest_max_items: int = Field(256, ge=1, description="items per ingest request")
+    keep_warm_versions: int = Field(
+        1, ge=0, description="retired versions kept loaded so a rollback swaps at once")
+    device: str | None = Field(None, description="torch device; default cuda when present")
+    registry_poll_interval_s: float = Field(
+        1.0, ge=0, description="how often to look for promotions/rollbacks; 0 disables")
+    access_log: bool = Field(True, description="uvicorn's per-request log lines")
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+
+    @property
+    def registry_dir(self) -> Path:
+        return self.registry_root or self.data_dir / "registry"
+
+    @property
+    def qdrant_location(self) -> str:
+        """Where the embedded Qdrant keeps its data (a path or ':memory:')."""
+        return self.qdrant_path or str(self.data_dir / "qdrant")
+
+    @property
+    def batch_max_wait_s(self) -> float:
+        return self.batch_max_wait_ms / 1000.0

@@ -1,0 +1,71 @@
+"""The FastAPI app: ``uvicorn service.main:app`` (settings from ``NOBACKFILL_*``).
+
+Models load in the lifespan, never at import. Run one worker process: the embedded
+Qdrant allows a single process per path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI
+
+import training
+from service.api import errors
+from service.api.main import api_router
+from service.api.middleware import ObserveRequests
+from service.api.routes import health
+from service.core.config import Settings
+from service.core.metrics import Metrics
+from service.gateway import open_gateway
+from service.runtime.serving import EncoderLoader, Runtime
+from service.runtime.watcher import watch_registry
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings | None = None, load: EncoderLoader | None = None) -> FastAPI:
+    """A gateway app; ``load`` replaces how versions become encoders (tests)."""
+    settings = settings or Settings()
+    metrics = Metrics()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        gateway = open_gateway(settings, metrics, load)
+        app.state.gateway = gateway
+        await _first_refresh(gateway.runtime)
+        watcher = (asyncio.create_task(watch_registry(gateway.runtime,
+                                                      settings.registry_poll_interval_s))
+                   if settings.registry_poll_interval_s > 0 else None)
+        try:
+            yield
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
+            gateway.close()
+
+    app = FastAPI(title="nobackfill gateway", version=training.__version__, lifespan=lifespan,
+                  description="Search galleries across model upgrades without re-embedding.")
+    app.add_middleware(ObserveRequests, metrics=metrics,
+                       max_request_bytes=settings.max_request_bytes)
+    errors.install(app)
+    app.include_router(api_router)
+    app.include_router(health.router)
+    return app
+
+
+async def _first_refresh(runtime: Runtime) -> None:
+    """Load the active versions before serving; on failure start anyway (readyz says
+    not ready) and let the watcher retry."""
+    try:
+        await runtime.refresh()
+    except Exception:  # logged; /readyz reports it and the watcher retries
+        log.exception("initial registry load failed")
+
+
+app = create_app()

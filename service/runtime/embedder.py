@@ -1,0 +1,76 @@
+"""A loaded model version embedding into one space, with a micro-batcher per modality.
+
+Images are preprocessed to pixel tensors by the caller's thread before they are
+queued, so the shared device lane only runs model forwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from PIL import Image
+
+from service.runtime.batching import MicroBatcher
+from training.encoders import Encoder
+
+
+@dataclass(frozen=True)
+class Batching:
+    max_size: int
+    max_wait_s: float
+
+
+class Embedder:
+    def __init__(self, encoder: Encoder, version: str, space: str, route: str,
+                 lane: Executor, batching: Batching,
+                 on_batch: Callable[[str, int], None] | None = None) -> None:
+        self.encoder = encoder
+        self.version = version
+        self.space = space
+        self.route = route  # the route kind that reaches ``space``, e.g. "native"
+        self.lane = lane  # one thread per device: forwards never compete for it
+        self._texts = MicroBatcher(self._encode_texts, lane, batching.max_size,
+                                   batching.max_wait_s, _tagged(on_batch, "text"))
+        self._images = MicroBatcher(self._encode_pixels, lane, batching.max_size,
+                                    batching.max_wait_s, _tagged(on_batch, "image"))
+
+    @property
+    def dim(self) -> int:
+        return self.encoder.embed_dim
+
+    def pixels(self, image: Image.Image) -> torch.Tensor:
+        """[3, H, W] model input for one image (blocking; run it off the event loop)."""
+        return self.encoder.preprocess(image.convert("RGB"))
+
+    async def embed_text(self, text: str) -> np.ndarray:
+        """[D] embedding of one query text, batched with concurrent ones."""
+        return await self._texts.submit(text)
+
+    async def embed_pixels(self, pixels: torch.Tensor) -> np.ndarray:
+        """[D] embedding of one preprocessed image, batched with concurrent ones."""
+        return await self._images.submit(pixels)
+
+    def encode_texts(self, texts: Sequence[str]) -> np.ndarray:
+        """[N, D] for an ingest batch (blocking; submit it to ``lane``)."""
+        return self.encoder.encode_texts(list(texts))
+
+    def encode_pixels(self, pixels: Sequence[torch.Tensor]) -> np.ndarray:
+        """[N, D] for an ingest batch of preprocessed images (blocking)."""
+        return self.encoder.encode_image_tensors(torch.stack(list(pixels)))
+
+    def _encode_texts(self, texts: list[str]) -> list[np.ndarray]:
+        return list(self.encoder.encode_texts(texts))
+
+    def _encode_pixels(self, pixels: list[torch.Tensor]) -> list[np.ndarray]:
+        return list(self.encoder.encode_image_tensors(torch.stack(pixels)))  # [N, 3, H, W]
+
+
+def _tagged(on_batch: Callable[[str, int], None] | None,
+            modality: str) -> Callable[[int], None] | None:
+    if on_batch is None:
+        return None
+    return lambda size: on_batch(modality, size)

@@ -1,0 +1,174 @@
+"""Dynamic batching: grouping, limits, errors and cancellation, work off the event loop,
+and through the API: concurrent queries share forwards and get the same answers as
+queries sent one at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from itertools import chain
+
+import numpy as np
+import pytest
+from conftest import ADMIN
+
+from service.runtime.batching import MicroBatcher
+
+
+class Recorder:
+    """A batch function that doubles its inputs and remembers each batch."""
+
+    def __init__(self, delay_s: float = 0.0, fail_on: int | None = None) -> None:
+        self.batches: list[list[int]] = []
+        self.threads: set[str] = set()
+        self.delay_s = delay_s
+        self.fail_on = fail_on
+
+    def __call__(self, items: list[int]) -> list[int]:
+        self.batches.append(list(items))
+        self.threads.add(threading.current_thread().name)
+        time.sleep(self.delay_s)
+        if self.fail_on is not None and self.fail_on in items:
+            raise ValueError(f"cannot encode {self.fail_on}")
+        return [2 * i for i in items]
+
+
+@pytest.fixture
+def lane():
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lane") as pool:
+        yield pool
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_concurrent_items_share_batches_up_to_max_size(lane) -> None:
+    fn = Recorder()
+
+    async def main() -> list[int]:
+        batcher = MicroBatcher(fn, lane, max_size=4, max_wait_s=0.05)
+        return await asyncio.gather(*(batcher.submit(i) for i in range(10)))
+    assert run(main()) == [2 * i for i in range(10)]  # each caller gets its own result
+    assert [len(b) for b in fn.batches] == [4, 4, 2]
+    assert sorted(chain.from_iterable(fn.batches)) == list(range(10))
+    assert fn.threads == {"lane_0"}  # the blocking work ran on the lane, not the loop
+
+
+def test_a_lone_item_waits_at_most_max_wait(lane) -> None:
+    fn = Recorder()
+
+    async def main() -> float:
+        batcher = MicroBatcher(fn, lane, max_size=8, max_wait_s=0.05)
+        t0 = time.perf_counter()
+        await batcher.submit(1)
+        return time.perf_counter() - t0
+    elapsed = run(main())
+    assert 0.045 <= elapsed < 1.0 and fn.batches == [[1]]
+
+
+def test_items_arriving_during_a_forward_go_together_next(lane) -> None:
+    fn = Recorder(delay_s=0.2)
+
+    async def main() -> None:
+        batcher = MicroBatcher(fn, lane, max_size=32, max_wait_s=0.0)
+        first = asyncio.ensure_future(batcher.submit(0))
+        await asyncio.sleep(0.05)  # the first forward is running now
+        await asyncio.gather(first, *(batcher.submit(i) for i in range(1, 6)))
+    run(main())
+    assert fn.batches == [[0], [1, 2, 3, 4, 5]]
+
+
+def test_max_size_one_turns_batching_off(lane) -> None:
+    fn = Recorder()
+
+    async def main() -> None:
+        batcher = MicroBatcher(fn, lane, max_size=1, max_wait_s=0.05)
+        await asyncio.gather(*(batcher.submit(i) for i in range(5)))
+    run(main())
+    assert [len(b) for b in fn.batches] == [1] * 5
+
+
+def test_a_failed_batch_fails_its_callers_only(lane) -> None:
+    fn = Recorder(fail_on=3)
+
+    async def main() -> tuple[list, int]:
+        batcher = MicroBatcher(fn, lane, max_size=4, max_wait_s=0.01)
+        results = await asyncio.gather(*(batcher.submit(i) for i in range(4)),
+                                       return_exceptions=True)
+        return results, await batcher.submit(7)
+    results, later = run(main())
+    assert all(isinstance(r, ValueError) and "cannot encode 3" in str(r) for r in results)
+    assert later == 14  # the batcher keeps working
+
+
+def test_a_cancelled_caller_does_not_disturb_the_others(lane) -> None:
+    fn = Recorder(delay_s=0.05)
+
+    async def main() -> list[int]:
+        batcher = MicroBatcher(fn, lane, max_size=8, max_wait_s=0.02)
+        doomed = asyncio.ensure_future(batcher.submit(100))
+        others = [asyncio.ensure_future(batcher.submit(i)) for i in range(3)]
+        await asyncio.sleep(0)
+        doomed.cancel()
+        return await asyncio.gather(*others)
+    assert run(main()) == [0, 2, 4]
+    assert 100 not in chain.from_iterable(fn.batches)
+
+
+def test_the_event_loop_stays_responsive_during_a_forward(lane) -> None:
+    fn = Recorder(delay_s=0.5)
+
+    async def main() -> int:
+        batcher = MicroBatcher(fn, lane, max_size=2, max_wait_s=0.0)
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+        tick = asyncio.ensure_future(ticker())
+        await batcher.submit(1)
+        tick.cancel()
+        return ticks
+    assert run(main()) >= 5
+
+
+# ---------------------------------------------------------------- through the gateway
+def metric(text: str, name: str, labels: str) -> float:
+    found = re.search(rf"^{re.escape(name)}{{{re.escape(labels)}}} (\S+)$", text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_concurrent_queries_are_batched_and_match_single_queries(gateway_factory) -> None:
+    texts = [f"a {c} {s} on a grey background" for c in ("red", "blue", "green", "white")
+             for s in ("circle", "square", "star", "heart")]
+    with gateway_factory(batch_max_size=16, batch_max_wait_ms=150) as client:
+        items = [{"id": f"t{i}", "text": t} for i, t in enumerate(texts)]
+        assert client.post("/v1/galleries/shapes/items", headers=ADMIN,
+                           json={"items": items}).status_code == 200
+
+        def ask(text: str) -> dict:
+            r = client.post("/v1/galleries/shapes/search",
+                            json={"text": text, "kind": "text", "top_k": 5})
+            assert r.status_code == 200, r.text
+            return r.json()
+        alone = [ask(t) for t in texts]  # reference: one query per forward
+        before = client.get("/metrics").text
+        with ThreadPoolExecutor(max_workers=len(texts)) as pool:
+            together = list(pool.map(ask, texts))
+        after = client.get("/metrics").text
+    forwards = (metric(after, "nobackfill_batch_size_count", 'modality="text"')
+                - metric(before, "nobackfill_batch_size_count", 'modality="text"'))
+    queries = (metric(after, "nobackfill_batch_size_sum", 'modality="text"')
+               - metric(before, "nobackfill_batch_size_sum", 'modality="text"'))
+    assert queries == len(texts) and forwards < len(texts) / 2  # shared forwards
+    for one, many, text in zip(alone, together, texts, strict=True):
+        assert [h["id"] for h in many["hits"]] == [h["id"] for h in one["hits"]], text
+        np.testing.assert_allclose([h["score"] for h in many["hits"]],
+                                   [h["score"] for h in one["hits"]], atol=1e-4)
+        assert many["hits"][0]["id"] == f"t{texts.index(text)}"  # its own caption first

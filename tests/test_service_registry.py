@@ -1,0 +1,236 @@
+"""The registry: registration with checksums, gated promotion, force with a reason,
+rollback, atomic index writes, and locking across concurrent writer processes."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from service.core.errors import (
+    AlreadyExists,
+    Conflict,
+    GalleryNotFound,
+    GateFailed,
+    InvalidArtifact,
+    InvalidInput,
+    SpaceMismatch,
+    VersionNotFound,
+)
+from service.registry import Registry
+from service.registry import index as index_module
+from training.artifacts import WEIGHTS
+
+FORK = multiprocessing.get_context("fork")  # children only touch JSON files, never torch
+
+
+@pytest.fixture
+def registry(tmp_path: Path, micro_versions: dict[str, Path]) -> Registry:
+    reg = Registry(tmp_path / "registry")
+    for path in micro_versions.values():
+        reg.register(path, by="tester")
+    return reg
+
+
+def copy_as(source: Path, dest: Path, version_id: str, gate: dict | None = None) -> Path:
+    """A copy of an artifact under another version id (the manifest is not checksummed)."""
+    shutil.copytree(source, dest)
+    manifest = json.loads((dest / "manifest.json").read_text())
+    manifest["version_id"] = version_id
+    manifest.pop("gate", None)
+    if gate is not None:
+        manifest["gate"] = gate
+    (dest / "manifest.json").write_text(json.dumps(manifest))
+    return dest
+
+
+def test_register_copies_verifies_and_records(registry: Registry,
+                                              micro_versions: dict[str, Path]) -> None:
+    v2 = registry.version("v2")
+    assert (v2.space, v2.routes, v2.registered_by) == ("v1", ("v1",), "tester")
+    assert v2.gate == {"passed": True} and registry.version("v1").gate is None
+    assert registry.artifact("v2").version_id == "v2"  # checksums verified again on load
+    assert micro_versions["v2"].exists()  # copied, not moved
+    assert [v.version_id for v in registry.versions()] == ["v1", "v2", "v3"]
+    assert registry.revision() == 3
+
+
+def test_register_is_idempotent_and_refuses_a_different_artifact_under_a_taken_id(
+        registry: Registry, micro_versions: dict[str, Path], tmp_path: Path) -> None:
+    revision = registry.revision()
+    assert registry.register(micro_versions["v1"], by="again") == registry.version("v1")
+    assert registry.revision() == revision
+    impostor = copy_as(micro_versions["v2"], tmp_path / "impostor", "v1")
+    with pytest.raises(AlreadyExists, match="different files"):
+        registry.register(impostor, by="tester")
+
+
+def test_register_rejects_altered_artifacts_and_leaves_nothing(
+        registry: Registry, micro_versions: dict[str, Path], tmp_path: Path) -> None:
+    bad = copy_as(micro_versions["v1"], tmp_path / "bad", "v9")
+    data = bytearray((bad / WEIGHTS).read_bytes())
+    data[-1] ^= 0xFF
+    (bad / WEIGHTS).write_bytes(bytes(data))
+    with pytest.raises(InvalidArtifact, match="sha256"):
+        registry.register(bad, by="tester")
+    with pytest.raises(InvalidArtifact, match="manifest.json is missing"):
+        registry.register(tmp_path, by="tester")
+    with pytest.raises(VersionNotFound):
+        registry.version("v9")
+    assert sorted(p.name for p in (registry.root / "versions").iterdir()) == ["v1", "v2", "v3"]
+
+
+def test_register_gate_report_and_move(registry: Registry, micro_versions: dict[str, Path],
+                                       tmp_path: Path) -> None:
+    source = copy_as(micro_versions["v1"], tmp_path / "v4", "v4", gate={"passed": False})
+    with pytest.raises(InvalidInput, match="boolean 'passed'"):
+        registry.register(source, by="tester", gate={"recall": 0.9})
+    record = registry.register(source, by="tester", move=True,
+                               gate={"passed": True, "t2i_r1": 0.91})
+    assert record.gate == {"passed": True, "t2i_r1": 0.91}  # the given report wins
+    assert not source.exists() and registry.artifact("v4").version_id == "v4"
+
+
+def test_a_failed_move_gives_the_artifact_back(registry: Registry,
+                                               micro_versions: dict[str, Path], tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    source = copy_as(micro_versions["v1"], tmp_path / "v6", "v6")
+
+    def full_disk(tmp: Path, final: Path) -> None:
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(index_module, "_publish", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        registry.register(source, by="tester", move=True)
+    assert source.is_dir() and (source / WEIGHTS).is_file()  # the caller still has it
+    with pytest.raises(VersionNotFound):
+        registry.version("v6")
+
+
+def test_gallery_creation(registry: Registry) -> None:
+    shapes = registry.create_gallery("shapes", "v1", by="ops")
+    assert shapes.active == "v2"  # default: the newest version native to the space
+    assert [(e.action, e.version, e.by) for e in shapes.history] == [("create", "v2", "ops")]
+    with pytest.raises(AlreadyExists):
+        registry.create_gallery("shapes", "v1", by="ops")
+    with pytest.raises(InvalidInput, match="must match"):
+        registry.create_gallery("Bad Name!", "v1", by="ops")
+    with pytest.raises(SpaceMismatch, match="no route into space 'v1'"):
+        registry.create_gallery("other", "v1", by="ops", version="v3")
+    with pytest.raises(Conflict, match="natively into space 'nowhere'"):
+        registry.create_gallery("other", "nowhere", by="ops")
+
+
+def test_promotion_needs_a_passing_gate(registry: Registry, micro_versions: dict[str, Path],
+                                        tmp_path: Path) -> None:
+    registry.create_gallery("shapes", "v1", by="ops", version="v1")
+    registry.register(copy_as(micro_versions["v2"], tmp_path / "v5", "v5",
+                              gate={"passed": False}), by="tester")
+    with pytest.raises(GateFailed, match="did not pass"):
+        registry.promote("shapes", "v5", by="ops")
+    registry.promote("shapes", "v2", by="ops", reason="better recall")
+    with pytest.raises(GateFailed, match="no gate report"):
+        registry.promote("shapes", "v1", by="ops")  # v1 has none; use rollback instead
+    record = registry.gallery("shapes")
+    assert record.active == "v2"
+    event = record.history[-1]
+    assert (event.action, event.version, event.previous, event.by, event.reason, event.forced) \
+        == ("promote", "v2", "v1", "ops", "better recall", False)
+    assert event.at.endswith("+00:00")
+
+
+def test_force_needs_a_reason_and_is_recorded(registry: Registry) -> None:
+    registry.create_gallery("shapes", "v1", by="ops", version="v1")
+    with pytest.raises(SpaceMismatch, match="'v3'.*no route into space 'v1'"):
+        registry.promote("shapes", "v3", by="ops")
+    for reason in (None, "", "   "):
+        with pytest.raises(InvalidInput, match="needs a reason"):
+            registry.promote("shapes", "v3", by="ops", force=True, reason=reason)
+    record = registry.promote("shapes", "v3", by="ops", force=True, reason="incident 42")
+    event = record.history[-1]
+    assert (event.forced, event.overrides, event.reason) == (True, ("space",), "incident 42")
+    assert registry.gallery("shapes").active == "v3"
+
+
+def test_rollback_reactivates_any_earlier_version(registry: Registry) -> None:
+    registry.create_gallery("shapes", "v1", by="ops", version="v1")
+    registry.promote("shapes", "v2", by="ops")
+    with pytest.raises(Conflict, match="never active"):
+        registry.rollback("shapes", "v3", by="ops")
+    with pytest.raises(VersionNotFound):
+        registry.rollback("shapes", "nope", by="ops")
+    with pytest.raises(GalleryNotFound):
+        registry.rollback("nope", "v1", by="ops")
+    record = registry.rollback("shapes", "v1", by="oncall", reason="latency regression")
+    assert record.active == "v1"
+    assert [(e.action, e.version, e.previous) for e in record.history] == [
+        ("create", "v1", None), ("promote", "v2", "v1"), ("rollback", "v1", "v2")]
+    assert record.history[-1].by == "oncall"
+    assert registry.rollback("shapes", "v2", by="ops").active == "v2"  # forward again
+    revision = registry.revision()
+    assert registry.promote("shapes", "v2", by="ops").active == "v2"  # no-op, not recorded
+    assert registry.revision() == revision
+
+
+def test_a_failed_change_writes_nothing(registry: Registry) -> None:
+    before = registry.index.path.read_bytes()
+
+    def boom(index: dict) -> None:
+        index["galleries"]["half"] = {"broken": True}
+        raise RuntimeError("crash inside the change")
+    with pytest.raises(RuntimeError):
+        registry.index.update(boom)
+    assert registry.index.path.read_bytes() == before
+
+
+def _hang_before_publish(root: Path) -> None:
+    """Child: write a new index, then hang right before the rename that commits it."""
+    def hang(tmp: Path, final: Path) -> None:
+        time.sleep(60)
+    index_module._publish = hang
+    Registry(root).create_gallery("doomed", "v1", by="child", version="v1")
+
+
+def test_a_writer_killed_mid_update_leaves_the_previous_index(registry: Registry) -> None:
+    before = registry.index.read()
+    child = FORK.Process(target=_hang_before_publish, args=(registry.root,))
+    child.start()
+    deadline = time.monotonic() + 30
+    while not list(registry.root.glob(".index.json.tmp-*")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert list(registry.root.glob(".index.json.tmp-*")), "the child never wrote its temp file"
+    os.kill(child.pid, signal.SIGKILL)  # crash with the lock held and the new index unpublished
+    child.join()
+    assert registry.index.read() == before
+    assert [g.name for g in registry.galleries()] == []
+    # The OS released the dead writer's lock: the next update goes through at once.
+    registry.index.lock_timeout_s = 5
+    registry.create_gallery("after", "v1", by="ops", version="v1")
+    assert registry.revision() == before["revision"] + 1
+
+
+def _create_many(root: Path, worker: int, count: int) -> None:
+    reg = Registry(root)
+    for n in range(count):
+        reg.create_gallery(f"w{worker}-{n}", "v1", by=f"worker{worker}", version="v1")
+
+
+def test_concurrent_writer_processes_lose_no_update(registry: Registry) -> None:
+    start = registry.revision()
+    workers, each = 4, 8
+    procs = [FORK.Process(target=_create_many, args=(registry.root, w, each))
+             for w in range(workers)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert [p.exitcode for p in procs] == [0] * workers
+    names = {g.name for g in registry.galleries()}
+    assert names == {f"w{w}-{n}" for w in range(workers) for n in range(each)}
+    assert registry.revision() == start + workers * each
+    assert not list(registry.root.glob(".index.json.tmp-*"))

@@ -1,0 +1,281 @@
+"""``nobackfill bench xbt``: upgrade the standard NEW tiny model into OLD's space with XBT.
+
+Starts from the two models of ``bench base`` (``--base DIR`` holds ``old/`` and ``new/``).
+OLD embeds the gallery; NEW is upgraded. On the held-out test set of ``bench base``
+it reports R@1/5/10 in both directions for old->old, new->new, the text-only phi
+(after stage 1) new->old, the Direct baseline new->old, and XBT new->old with and
+without the anchoring term; wall times of stage 1, stage 2 and Direct; and the time
+the NEW model takes to re-embed the test gallery, extrapolated to 1M and 1B items.
+
+The upgrade never reads the gallery, so its cost does not depend on gallery size:
+the test gallery below is used for evaluation only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from training.bench.base import BaseBench, test_set
+from training.xbt.config import XbtConfig
+
+PAIRS_SEED = 20_000  # the paired set differs from the base training sets (seeds 1, 2)
+BACKFILL_SIZES = {"1M": 1_000_000, "1B": 1_000_000_000}
+MARGIN = 0.01  # XBT new->old R@1 must beat old->old by this much, both directions
+GAP_CLOSURE = 0.5  # image->text: (new->old - old->old) / (new->new - old->old)
+
+
+# The paper's recipe, with step counts that fit the benchmark's CPU budget.
+BENCH_STEPS = {"pretrain_steps": 2000, "pretrain_batch_size": 512, "steps": 150, "batch_size": 64}
+
+
+def default_config() -> XbtConfig:
+    return XbtConfig(**BENCH_STEPS)
+
+
+BENCH_PAIRS = 3000  # image-caption pairs of stage 2 (and of Direct)
+BENCH_CORPUS = 100_000  # synthetic captions of stage 1
+
+
+@dataclass
+class XbtBench:
+    pairs: int = BENCH_PAIRS
+    corpus: int = BENCH_CORPUS
+    config: XbtConfig = field(default_factory=default_config)
+
+
+@dataclass
+class Gallery:
+    """The test set rendered once: images, captions and caption->image relevance."""
+
+    images: list
+    texts: list[str]
+    relevance: Any
+
+
+def load_gallery() -> Gallery:
+    test = test_set(BaseBench())
+    texts, _ = test.captions("en")
+    return Gallery([test.load_image(i) for i in range(len(test))], texts, test.relevance("en"))
+
+
+def embed(encoder: Any, gallery: Gallery) -> tuple[Any, Any, float]:
+    """(images [N, D], texts [M, D], seconds spent on the images) by one encoder."""
+    start = time.perf_counter()
+    images = encoder.encode_images(gallery.images)
+    seconds = time.perf_counter() - start
+    return images, encoder.encode_texts(gallery.texts), seconds
+
+
+def cell(query: tuple, gallery_emb: tuple, gallery: Gallery) -> dict[str, Any]:
+    """R@K both directions: a query model's (images, texts) against gallery (images, texts)."""
+    from training.evaluate import cross_metrics
+
+    return cross_metrics(query[1], query[0], gallery_emb[0], gallery_emb[1], gallery.relevance)
+
+
+# ---------------------------------------------------------------------------- reference cells
+def reference(old: Any, new: Any, gallery: Gallery) -> tuple[tuple, dict[str, Any], float]:
+    """old->old and new->new cells, OLD's gallery embeddings, and NEW's re-embedding seconds."""
+    from training.versions import load_encoder
+
+    old_emb = embed(load_encoder(old), gallery)
+    new_emb = embed(load_encoder(new), gallery)
+    cells = {"old->old": cell(old_emb, old_emb, gallery), "new->new": cell(new_emb, new_emb, gallery)}
+    return old_emb, cells, new_emb[2]
+
+
+def backfill_estimate(seconds: float, items: int) -> dict[str, Any]:
+    """Re-embedding cost of the gallery with the NEW model, extrapolated linearly."""
+    per_item = seconds / max(items, 1)
+    return {"test_gallery_items": items, "test_gallery_seconds": seconds,
+            "per_item_ms": per_item * 1e3,
+            **{f"{name}_hours": per_item * n / 3600 for name, n in BACKFILL_SIZES.items()}}
+
+
+def paired_set(n: int) -> Any:
+    from training.data import PairDataset, generate_items
+
+    items = generate_items(n, seed=PAIRS_SEED, languages=("en",), id_prefix="xbt-pairs-")
+    return PairDataset.from_synth(items)
+
+
+# ---------------------------------------------------------------------------- the upgrades
+def text_only_cell(p: Any, phi: Any, old_emb: tuple, gallery: Gallery) -> dict[str, Any]:
+    """phi after stage 1 on the off-the-shelf new model (adapters off), new->old."""
+    from training.encoders import Encoder
+    from training.xbt.projector import ProjectorHead
+
+    head = ProjectorHead(phi)
+    with p.adapters.disabled():
+        encoder = Encoder(p.model, p.encoder.tokenizer, p.device, text_head=head, image_head=head)
+        return cell(embed(encoder, gallery), old_emb, gallery)
+
+
+def artifact_cell(art: Any, space: str, old_emb: tuple, gallery: Gallery) -> dict[str, Any]:
+    """An upgraded version as served: loaded from disk, routed into the gallery's space."""
+    from training.versions import load_encoder
+
+    return cell(embed(load_encoder(art, space), gallery), old_emb, gallery)
+
+
+def train_variant(p: Any, phi: Any, cfg: XbtConfig, anchor: Any, out: Path,
+                  name: str) -> tuple[Any, float]:
+    """Stage 2 from the shared stage-1 phi; writes the version; (artifact, seconds)."""
+    from training.xbt.upgrade import result_metrics, train_stage2, write_upgrade
+
+    start = time.perf_counter()
+    result = train_stage2(p.adapters, phi, p.pairs, cfg, anchor)
+    seconds = time.perf_counter() - start
+    art = write_upgrade(p, phi, cfg, {"stage2": result_metrics(result)}, out / name,
+                        version_id=name)
+    return art, seconds
+
+
+def run_upgrades(old: Any, new: Any, bench: XbtBench, old_emb: tuple, gallery: Gallery,
+                 out: Path) -> tuple[dict[str, Any], dict[str, float]]:
+    """Stage 1 once, then XBT, XBT+anchor and Direct from fresh adapters: (cells, seconds)."""
+    from training.xbt.upgrade import direct, prepare, stage1, with_fresh_adapters, write_upgrade
+
+    cfg = bench.config
+    with_anchor = replace(cfg, anchor=True)
+    p = prepare(old, new, f"synth:{bench.corpus}", paired_set(bench.pairs), with_anchor)
+    start = time.perf_counter()
+    phi1, anchor, _ = stage1(p, with_anchor)
+    seconds = {"stage1": time.perf_counter() - start}
+    cells = {"phi text-only new->old": text_only_cell(p, phi1, old_emb, gallery)}
+    art, seconds["stage2"] = train_variant(p, copy.deepcopy(phi1), cfg, None, out, "xbt")
+    cells["xbt new->old"] = artifact_cell(art, old.space, old_emb, gallery)
+    fresh = with_fresh_adapters(p, with_anchor)
+    art, seconds["stage2_anchor"] = train_variant(fresh, copy.deepcopy(phi1), with_anchor, anchor,
+                                                  out, "xbt-anchor")
+    cells["xbt+anchor new->old"] = artifact_cell(art, old.space, old_emb, gallery)
+    direct_cfg = replace(cfg, method="direct")
+    fresh = with_fresh_adapters(p, direct_cfg)
+    start = time.perf_counter()
+    phi_d, metrics = direct(fresh, direct_cfg)
+    seconds["direct"] = time.perf_counter() - start
+    art = write_upgrade(fresh, phi_d, direct_cfg, {"direct": metrics}, out / "direct", "direct")
+    cells["direct new->old"] = artifact_cell(art, old.space, old_emb, gallery)
+    return cells, seconds
+
+
+
+# ---------------------------------------------------------------------------- targets
+def r1(c: dict[str, Any], direction: str) -> float:
+    return float(c[direction]["R@1"])
+
+
+def gap_closure(cells: dict[str, Any], name: str, direction: str) -> float | None:
+    """(new->old - old->old) / (new->new - old->old) in R@1; None when NEW is no better."""
+    old, new = r1(cells["old->old"], direction), r1(cells["new->new"], direction)
+    if new <= old:
+        return None
+    return (r1(cells[name], direction) - old) / (new - old)
+
+
+def check_targets(cells: dict[str, Any]) -> tuple[dict[str, Any], dict[str, bool]]:
+    """Gap closures of every new->old row, and the targets of both XBT variants."""
+    closures = {name: {d: gap_closure(cells, name, d) for d in ("i2t", "t2i")}
+                for name in cells if name.endswith("new->old")}
+    targets: dict[str, bool] = {}
+    for name in ("xbt new->old", "xbt+anchor new->old"):
+        tag = name.split()[0]
+        for d in ("i2t", "t2i"):
+            targets[f"{tag} {d} R@1 >= old->old + {MARGIN}"] = (
+                r1(cells[name], d) >= r1(cells["old->old"], d) + MARGIN)
+            targets[f"{tag} {d} R@1 >= direct"] = r1(cells[name], d) >= r1(cells["direct new->old"], d)
+        closure = closures[name]["i2t"]
+        targets[f"{tag} i2t gap closure >= {GAP_CLOSURE}"] = closure is not None and closure >= GAP_CLOSURE
+    targets["upgrade time independent of gallery size (never reads the gallery)"] = True
+    return closures, targets
+
+
+# ---------------------------------------------------------------------------- entry points
+def bench_from(args: argparse.Namespace) -> XbtBench:
+    overrides = {k: getattr(args, k) for k in ("pretrain_steps", "steps", "batch_size")
+                 if getattr(args, k, None) is not None}
+    return XbtBench(pairs=args.pairs, corpus=args.corpus,
+                    config=replace(default_config(), **overrides))
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from training.artifacts import load_artifact
+
+    bench, base, out = bench_from(args), Path(args.base), Path(args.out)
+    for name in ("old", "new"):
+        if not (base / name / "manifest.json").is_file():
+            raise SystemExit(f"{base / name} is not an artifact; run `nobackfill bench base "
+                             f"--out {base}` first or pass --base DIR")
+    if out.exists():
+        raise SystemExit(f"{out} exists; remove it or choose another --out")
+    old, new = load_artifact(base / "old"), load_artifact(base / "new")
+    gallery = load_gallery()
+    old_emb, cells, reembed = reference(old, new, gallery)
+    upgraded, seconds = run_upgrades(old, new, bench, old_emb, gallery, out)
+    cells.update(upgraded)
+    closures, targets = check_targets(cells)
+    result = {"bench": {**asdict(bench), "config": bench.config.to_dict()}, "cells": cells,
+              "gap_closure_r1": closures, "seconds": seconds,
+              "backfill": backfill_estimate(reembed, len(gallery.images)),
+              "gallery_used_for_evaluation_only": {"images": len(gallery.images),
+                                                   "captions": len(gallery.texts)},
+              "targets": targets}
+    (out / "bench-xbt.json").write_text(json.dumps(result, indent=2, default=str))
+    return result
+
+
+def _recalls(c: dict[str, Any], direction: str) -> str:
+    return "/".join(f"{c[direction][f'R@{k}']:.3f}" for k in (1, 5, 10))
+
+
+def _closure(value: float | None) -> str:
+    return "  n/a" if value is None else f"{value:5.2f}"
+
+
+def render(result: dict[str, Any]) -> str:
+    lines = ["query->gallery           t2i R@1/5/10         i2t R@1/5/10         gap closed t2i/i2t"]
+    for name, c in result["cells"].items():
+        gap = result["gap_closure_r1"].get(name)
+        closed = f"{_closure(gap['t2i'])}/{_closure(gap['i2t'])}" if gap else ""
+        lines.append(f"{name:23}  {_recalls(c, 't2i'):19}  {_recalls(c, 'i2t'):19}  {closed}")
+    s, b, g = result["seconds"], result["backfill"], result["gallery_used_for_evaluation_only"]
+    lines += [(f"wall s: stage 1 {s['stage1']:.0f} | stage 2 {s['stage2']:.0f} "
+              f"(+anchor {s['stage2_anchor']:.0f}) | direct {s['direct']:.0f}"),
+              (f"backfill with NEW: {b['test_gallery_seconds']:.1f} s for {b['test_gallery_items']} "
+              f"items ({b['per_item_ms']:.2f} ms/item) -> 1M {b['1M_hours']:.1f} h, "
+              f"1B {b['1B_hours']:.0f} h"),
+              (f"the upgrade never reads the gallery; {g['images']} images / {g['captions']} "
+              f"captions are used for evaluation only")]
+    lines += [f"target {k}: {'met' if v else 'MISSED'}" for k, v in result["targets"].items()]
+    return "\n".join(lines)
+
+
+def register(sub: argparse._SubParsersAction, name: str) -> None:
+    # No XbtConfig instance here: validating one imports torch, and --help must stay fast.
+    p = sub.add_parser(name, help="XBT upgrade of bench base's NEW model into OLD's space")
+    p.add_argument("--base", default="runs/bench-base", help="holds old/ and new/ artifacts")
+    p.add_argument("--out", default="runs/bench-xbt", help="keeps the upgraded versions")
+    p.add_argument("--pairs", type=int, default=BENCH_PAIRS, help="image-caption pairs")
+    p.add_argument("--corpus", type=int, default=BENCH_CORPUS, help="stage 1 captions")
+    p.add_argument("--pretrain-steps", type=int,
+                   help=f"stage 1 steps, default {BENCH_STEPS['pretrain_steps']}")
+    p.add_argument("--steps", type=int,
+                   help=f"stage 2 / Direct steps, default {BENCH_STEPS['steps']}")
+    p.add_argument("--batch-size", type=int,
+                   help=f"stage 2 / Direct batch, default {BENCH_STEPS['batch_size']}")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=lambda args: _main(args))
+
+
+def _main(args: argparse.Namespace) -> int:
+    from training.cli import emit
+
+    result = run(args)
+    emit(args, result, render(result))
+    return 0

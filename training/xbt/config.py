@@ -1,0 +1,153 @@
+"""``XbtConfig``: every hyperparameter of an XBT upgrade (METHODS.md, XBT), saved with the artifact.
+
+Each field carries its help text in ``metadata["help"]`` (the CLI builds its options
+from them, as peft's config dataclasses do); ``__post_init__`` rejects bad values
+and combinations with a message that says what to change.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING, Any
+
+import training
+from training.errors import ConfigError
+
+if TYPE_CHECKING:
+    from training.trainer import TrainConfig
+
+METHODS = ("xbt", "direct")
+XBT_LOG_LOGIT_SCALE = 2.6592  # log of 1/0.07: the logit scale is exp of it, not a temperature
+# Transformer blocks of both towers (ViT and text), and a ResNet tower's bottleneck convs.
+DEFAULT_LORA_TARGETS = r".*resblocks\.\d+\.(attn|mlp\.c_fc|mlp\.c_proj)|visual\.layer\d+\.\d+\.conv\d"
+
+
+@dataclass
+class AdapterConfig:
+    """The shape of the adapters; a route records it to rebuild them."""
+
+    lora_r: int = 16
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.1
+    lora_targets: str = DEFAULT_LORA_TARGETS  # regex, full match on module names
+    prompts: int = 10  # visual soft prompt tokens; 0 disables
+    layer_norms: bool = True  # train LayerNorm deltas in both towers
+
+    def __post_init__(self) -> None:
+        if self.lora_r < 1:
+            raise ConfigError(f"lora_r must be >= 1, got {self.lora_r}")
+        if not 0 <= self.lora_dropout < 1:
+            raise ConfigError(f"lora_dropout must be in [0, 1), got {self.lora_dropout}")
+        if self.prompts < 0:
+            raise ConfigError(f"prompts must be >= 0 (0 disables them), got {self.prompts}")
+        try:
+            re.compile(self.lora_targets)
+        except re.error as exc:
+            raise ConfigError(f"lora_targets is not a valid regex: {exc}") from exc
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AdapterConfig:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def _f(default: Any, help: str) -> Any:
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class XbtConfig:
+    """Hyperparameters of an XBT upgrade (or of the Direct baseline with ``method="direct"``)."""
+
+    method: str = _f("xbt", "xbt: text-only phi pretraining, then image-text training without "
+                            "the old model; direct: random phi trained end to end against the "
+                            "old model (baseline)")
+    # stage 1: text-only pretraining of phi on cached text embeddings
+    pretrain_steps: int = _f(1000, "stage 1 optimizer steps (text only, cached embeddings)")
+    pretrain_batch_size: int = _f(512, "stage 1 batch size (the paper: 8192)")
+    pretrain_lr: float = _f(1e-4, "AdamW learning rate of phi trained from scratch: all of phi "
+                                  "in stage 1 (and the Direct baseline's random phi)")
+    noise_sigma: float = _f(0.05, "std of the Gaussian noise added to the new text embeddings "
+                                  "(unit vectors) in stage 1; 0 disables")
+    # stage 2 (and the Direct baseline): image-text pairs
+    steps: int = _f(500, "stage 2 optimizer steps on image-text pairs (also Direct's steps)")
+    batch_size: int = _f(128, "stage 2 batch size (image-caption pairs)")
+    lr: float = _f(1e-4, "AdamW learning rate of LoRA, LayerNorms and phi's LayerNorms")
+    prompt_lr: float = _f(1e-2, "AdamW learning rate of the visual soft prompts (100x lr)")
+    weight_decay: float = _f(0.01, "AdamW weight decay of every group")
+    warmup: float = _f(0.0, "fraction of steps with linear warmup (the paper: none)")
+    schedule: str = _f("constant", "lr schedule after warmup: constant (the paper), cosine, linear")
+    grad_clip: float = _f(1.0, "max global gradient norm; 0 disables")
+    log_logit_scale: float = _f(XBT_LOG_LOGIT_SCALE, "log of the fixed logit scale of every "
+                                                     "contrastive term (exp(2.6592) = 1/0.07)")
+    anchor: bool = _f(False, "add L_c(phi(w_new), w_old) on the old text embeddings cached in "
+                             "stage 1 to stage 2 (keeps the text side in the old space)")
+    anchor_weight: float = _f(1.0, "weight of the anchoring term")
+    # adapters
+    lora_r: int = _f(16, "LoRA rank")
+    lora_alpha: float = _f(16.0, "LoRA alpha (scaling = alpha / r)")
+    lora_dropout: float = _f(0.1, "dropout on the LoRA branch input")
+    lora_targets: str = _f(DEFAULT_LORA_TARGETS, "regex (full match) of the module names that "
+                                                 "get LoRA")
+    prompts: int = _f(10, "visual soft prompt tokens (ViT towers only); 0 = --no-prompts")
+    layer_norms: bool = _f(True, "train LayerNorm deltas of both towers")
+    language: str = _f("en", "caption language of the paired set")
+    seed: int = _f(0, "seed of initialisation, batch order and noise")
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ConfigError(f"method must be one of {METHODS}, got {self.method!r}")
+        if self.noise_sigma < 0:
+            raise ConfigError(f"noise_sigma must be >= 0, got {self.noise_sigma}")
+        for name in ("pretrain_lr", "lr", "prompt_lr"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.weight_decay < 0 or self.anchor_weight < 0:
+            raise ConfigError("weight_decay and anchor_weight must be >= 0")
+        if not math.isfinite(self.log_logit_scale) or math.exp(self.log_logit_scale) > 100:
+            raise ConfigError(f"log_logit_scale {self.log_logit_scale} gives a logit scale "
+                              f"above 100 (the clamp of every contrastive loss); use <= 4.6052")
+        if self.anchor and self.method == "direct":
+            raise ConfigError("anchor applies to method 'xbt' (Direct already trains against "
+                              "the old model); drop --anchor or use --method xbt")
+        self.adapter_config()  # validates the LoRA / prompt fields
+        self.pretrain_config()  # validates steps, batch sizes, warmup and schedule
+        self.stage2_config()
+
+    @property
+    def logit_scale(self) -> float:
+        return math.exp(self.log_logit_scale)
+
+    def adapter_config(self) -> AdapterConfig:
+        return AdapterConfig(self.lora_r, self.lora_alpha, self.lora_dropout, self.lora_targets,
+                             self.prompts, self.layer_norms)
+
+    def pretrain_config(self) -> TrainConfig:
+        from training.trainer import TrainConfig  # torch: imported only when training
+
+        return TrainConfig(steps=self.pretrain_steps, batch_size=self.pretrain_batch_size,
+                           lr=self.pretrain_lr, weight_decay=self.weight_decay,
+                           warmup=self.warmup, schedule=self.schedule,
+                           grad_clip=self.grad_clip, seed=self.seed)
+
+    def stage2_config(self) -> TrainConfig:
+        from training.trainer import TrainConfig
+
+        return TrainConfig(steps=self.steps, batch_size=self.batch_size, lr=self.lr,
+                           weight_decay=self.weight_decay, warmup=self.warmup,
+                           schedule=self.schedule, grad_clip=self.grad_clip, seed=self.seed)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as saved in an artifact, with the library version that wrote it."""
+        return {**asdict(self), "package_version": training.__version__}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> XbtConfig:
+        """Forward-compatible: keys this version does not know (newer fields) are ignored."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})

@@ -1,0 +1,52 @@
+"""Route kind "projector": a version's embeddings carried into an older space by XBT.
+
+``training.versions.load_encoder(artifact, space=target)`` imports this module on first
+use. The encoder it returns embeds through the version's base model with its adapters
+(LoRA, LayerNorm deltas, visual prompts) switched on, then phi; the version's native
+route stays the untouched base model.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from training.artifacts import Artifact
+from training.encoders import Encoder, create_tokenizer
+from training.errors import ArtifactError
+from training.versions import artifact_spec, native_model, register_route
+from training.xbt.adapters import Adapters
+from training.xbt.config import AdapterConfig
+from training.xbt.projector import Projector, ProjectorHead
+
+
+def load_projector(artifact: Artifact, route: dict) -> Projector:
+    """phi as the route records it (dims + weights), in eval mode."""
+    phi = Projector(**route["projector_dims"])
+    state = artifact.tensors(route["projector"])
+    try:
+        phi.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        raise ArtifactError(f"{artifact.path / route['projector']} does not match the "
+                            f"projector dims {route['projector_dims']}: {exc}") from exc
+    return phi.eval()
+
+
+def adapted_model(artifact: Artifact, route: dict) -> tuple[torch.nn.Module, Adapters]:
+    """The version's base model with its trained adapters attached and switched on."""
+    model = native_model(artifact)
+    adapters = Adapters.attach(model, AdapterConfig.from_dict(route["adapter_config"]))
+    adapters.load_state_dict(artifact.tensors(route["adapters"]))
+    return model.eval(), adapters
+
+
+@register_route("projector")
+def projector_route(artifact: Artifact, route: dict,
+                    device: torch.device | str | None) -> Encoder:
+    for key in ("adapters", "projector", "adapter_config", "projector_dims"):
+        if key not in route:
+            raise ArtifactError(f"version '{artifact.version_id}': projector route lacks '{key}'")
+    model, _ = adapted_model(artifact, route)
+    head = ProjectorHead(load_projector(artifact, route))
+    # One head object for both towers: phi is shared by images and texts (XBT eq. 4).
+    return Encoder(model, create_tokenizer(artifact_spec(artifact)), device,
+                   text_head=head, image_head=head)

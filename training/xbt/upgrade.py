@@ -1,0 +1,438 @@
+"""An XBT upgrade: make a NEW model's embeddings land in the OLD gallery's space.
+
+METHODS.md, XBT (Jang & Lim, "Towards Cross-modal Backward-compatible Representation
+Learning for Vision-Language Models"):
+1. Stage 1 (text only): cache the corpus' text embeddings by the new text tower and
+   by the old version (through its route into the target space), release the old
+   model, and train phi with ``L_pre = L_c(phi(w_new + eps), w_old)``.
+2. Stage 2 (image-text pairs, no old model): LoRA on both new towers, visual soft
+   prompts, LayerNorm deltas, and phi's LayerNorms train with
+   ``L_x = L_c(phi(v_new), phi(w_new))`` (+ optional anchoring on cached w_old).
+The Direct baseline instead trains a random phi end to end against the old model.
+The result is a version artifact whose route into the target space runs the base
+model + adapters + phi; its native route is the untouched new model.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from open_clip.model import get_model_preprocess_cfg
+from torch import nn
+from tqdm import tqdm
+
+from training.artifacts import WEIGHTS, Artifact, model_state, new_version_id, write_artifact
+from training.data import PairDataset
+from training.encoders import Encoder, ModelSpec, create_tokenizer, model_embed_dim, pick_device
+from training.errors import ConfigError, DataError
+from training.losses import xbt_anchor_loss, xbt_direct_loss, xbt_loss, xbt_pretrain_loss
+from training.pairs import PairTensors, build_pairs
+from training.trainer import TrainResult, seed_everything, train
+from training.versions import load_encoder
+from training.xbt.adapters import Adapters
+from training.xbt.config import XbtConfig
+from training.xbt.inputs import (
+    check_dim,
+    check_tokenizer,
+    declared_dim,
+    new_model_of,
+    read_corpus,
+    target_space_of,
+)
+from training.xbt.projector import Projector, to_old_space
+
+ADAPTERS_FILE = "adapters.safetensors"
+PROJECTOR_FILE = "projector.safetensors"
+EMBED_CHUNK = 4096  # captions per progress-bar tick when caching embeddings
+TOKENIZER_PROBE = 256  # captions tokenized up front to check each tokenizer against its tower
+
+
+# ---------------------------------------------------------------------------- batches
+def pair_index_batches(pairs: PairTensors, batch_size: int,
+                       seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Endless (image indices [B], caption indices [B]): each epoch visits every image once in
+    a seeded order with one random caption (as ``pair_batches``, but indices, so the Direct
+    baseline can look up old embeddings of the same pairs)."""
+    rng = np.random.default_rng(seed)
+    groups = pairs.captions_of()
+    usable = np.array([i for i, g in enumerate(groups) if len(g)])
+    if len(usable) < 2:
+        raise DataError("need at least 2 images with captions to form a contrastive batch")
+    batch_size = min(batch_size, len(usable))
+    while True:
+        order = rng.permutation(usable)
+        for start in range(0, len(order) - batch_size + 1, batch_size):
+            images = order[start:start + batch_size]
+            captions = [groups[i][rng.integers(len(groups[i]))] for i in images]
+            yield torch.as_tensor(images), torch.as_tensor(np.array(captions))
+
+
+def index_batches(n: int, batch_size: int, seed: int) -> Iterator[torch.Tensor]:
+    """Endless [B] indices into n cached rows, a fresh seeded permutation per epoch."""
+    gen = torch.Generator().manual_seed(seed)
+    batch_size = min(batch_size, n)
+    while True:
+        order = torch.randperm(n, generator=gen)
+        for start in range(0, n - batch_size + 1, batch_size):
+            yield order[start:start + batch_size]
+
+
+# ---------------------------------------------------------------------------- stage 1
+@dataclass
+class TextCache:
+    """Stage 1's cached corpus embeddings (L2-normalised), row i = caption i."""
+
+    new: torch.Tensor  # [N, D_new] by the new text tower (off the shelf)
+    old: torch.Tensor  # [N, D_old] by the old version, routed into the target space
+
+
+def embed_corpus(encoder: Encoder, captions: Sequence[str], desc: str,
+                 show_progress: bool) -> torch.Tensor:
+    """[N, D] normalised text embeddings, with a progress bar over chunks."""
+    chunks = [torch.from_numpy(encoder.encode_texts(captions[s:s + EMBED_CHUNK]))
+              for s in tqdm(range(0, len(captions), EMBED_CHUNK), desc=desc,
+                            disable=not show_progress, dynamic_ncols=True)]
+    return torch.cat(chunks)
+
+
+class PretrainTask:
+    """Stage 1: ``L_pre = L_c(phi(w_new + eps), w_old)`` on cached embeddings; all of phi trains."""
+
+    def __init__(self, phi: Projector, cache: TextCache, sigma: float, scale: float,
+                 seed: int) -> None:
+        self.phi, self.cache, self.sigma, self.scale = phi, cache, sigma, scale
+        self.noise = torch.Generator().manual_seed(seed + 1)
+
+    def losses(self, idx: torch.Tensor) -> dict[str, torch.Tensor]:
+        device = next(self.phi.parameters()).device
+        w_new = self.cache.new[idx]  # [B, D_new]
+        eps = torch.randn(w_new.shape, generator=self.noise) * self.sigma  # [B, D_new]
+        projected = nn.functional.normalize(self.phi((w_new + eps).to(device)), dim=-1)
+        return {"pretrain_loss": xbt_pretrain_loss(projected, self.cache.old[idx].to(device),
+                                                   self.scale)}
+
+
+def pretrain_projector(phi: Projector, cache: TextCache, cfg: XbtConfig,
+                       show_progress: bool = True) -> TrainResult:
+    """Stage 1: train all of phi on the cached text embeddings."""
+    phi.train().requires_grad_(True)
+    task = PretrainTask(phi, cache, cfg.noise_sigma, cfg.logit_scale, cfg.seed)
+    result = train(task, index_batches(len(cache.new), cfg.pretrain_batch_size, cfg.seed),
+                   [{"params": list(phi.parameters())}], cfg.pretrain_config(),
+                   desc="xbt stage 1 (text)", show_progress=show_progress)
+    phi.eval()
+    return result
+
+
+# ---------------------------------------------------------------------------- stage 2
+@dataclass
+class Anchor:
+    """Corpus captions (new tokenizer) with their old embeddings cached in stage 1."""
+
+    tokens: torch.Tensor  # [N, ctx]
+    old: torch.Tensor  # [N, D_old]
+
+
+class XbtTask:
+    """Stage 2: ``L_x = L_c(phi(v_new), phi(w_new))`` through the adapted new towers.
+
+    Holds no old model: the optional anchoring term reads old text embeddings that
+    stage 1 cached.
+    """
+
+    def __init__(self, model: nn.Module, phi: Projector, pairs: PairTensors, cfg: XbtConfig,
+                 anchor: Anchor | None = None) -> None:
+        self.model, self.phi, self.pairs, self.cfg, self.anchor = model, phi, pairs, cfg, anchor
+        self.anchor_batches = (index_batches(len(anchor.tokens), cfg.batch_size, cfg.seed + 2)
+                               if anchor is not None else None)
+
+    def losses(self, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, torch.Tensor]:
+        images, captions = batch
+        device = self.model.logit_scale.device
+        v = to_old_space(self.phi, self.model.encode_image(  # [B, D_old]
+            self.pairs.pixels[images].float().to(device)))
+        w = to_old_space(self.phi, self.model.encode_text(self.pairs.tokens[captions].to(device)))
+        out = {"xbt_loss": xbt_loss(v, w, self.cfg.logit_scale)}
+        if self.anchor is not None and self.anchor_batches is not None:
+            idx = next(self.anchor_batches)
+            w_anchor = to_old_space(self.phi, self.model.encode_text(
+                self.anchor.tokens[idx].to(device)))  # [B, D_old]
+            out["anchor_loss"] = self.cfg.anchor_weight * xbt_anchor_loss(
+                w_anchor, self.anchor.old[idx].to(device), self.cfg.logit_scale)
+        return out
+
+
+def stage2_groups(adapters: Adapters, phi: Projector, cfg: XbtConfig,
+                  train_phi: str) -> list[dict[str, Any]]:
+    """AdamW groups: adapters at ``lr``, prompts at ``prompt_lr`` (100x in the paper), phi:
+
+    - ``train_phi="layer_norms"`` (XBT stage 2): only phi's LayerNorms, at ``lr``;
+    - ``train_phi="all"`` (Direct): all of a random phi, at ``pretrain_lr``, the rate phi
+      trains at from scratch in stage 1, so the baseline's phi is not handicapped.
+    """
+    if train_phi == "layer_norms":
+        phi.train_only_layer_norms()
+        phi_group = {"params": phi.layer_norm_parameters(), "lr": cfg.lr}
+    else:
+        phi.requires_grad_(True)
+        phi_group = {"params": list(phi.parameters()), "lr": cfg.pretrain_lr}
+    adapter_params = [*adapters.named_lora().values(), *adapters.named_layer_norm_deltas().values()]
+    groups = [{"params": adapter_params, "lr": cfg.lr}, phi_group]
+    prompts = list(adapters.named_prompts().values())
+    if prompts:
+        groups.append({"params": prompts, "lr": cfg.prompt_lr})
+    return groups
+
+
+def train_stage2(adapters: Adapters, phi: Projector, pairs: PairTensors, cfg: XbtConfig,
+                 anchor: Anchor | None = None, show_progress: bool = True) -> TrainResult:
+    """Stage 2 on image-text pairs (``adapters.model`` is the new model). Takes no old
+    model: XBT never runs it here."""
+    model = adapters.model
+    groups = stage2_groups(adapters, phi, cfg, train_phi="layer_norms")
+    adapters.train_mode()
+    phi.train()
+    try:
+        return train(XbtTask(model, phi, pairs, cfg, anchor),
+                     pair_index_batches(pairs, cfg.batch_size, cfg.seed), groups,
+                     cfg.stage2_config(), desc="xbt stage 2 (pairs)", show_progress=show_progress)
+    finally:
+        model.eval()
+        phi.eval()
+
+
+# ---------------------------------------------------------------------------- Direct
+class DirectTask:
+    """Direct baseline: ``L_c(phi(v_new), w_old) + L_c(phi(w_new), v_old)`` on the same pairs.
+
+    The old model is frozen and deterministic, so its embeddings of the pairs are
+    computed once up front (``old_images`` [N, D_old], ``old_texts`` [M, D_old]).
+    """
+
+    def __init__(self, model: nn.Module, phi: Projector, pairs: PairTensors,
+                 old_images: torch.Tensor, old_texts: torch.Tensor, scale: float) -> None:
+        self.model, self.phi, self.pairs, self.scale = model, phi, pairs, scale
+        self.old_images, self.old_texts = old_images, old_texts
+
+    def losses(self, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, torch.Tensor]:
+        images, captions = batch
+        device = self.model.logit_scale.device
+        v = to_old_space(self.phi, self.model.encode_image(
+            self.pairs.pixels[images].float().to(device)))  # [B, D_old]
+        w = to_old_space(self.phi, self.model.encode_text(self.pairs.tokens[captions].to(device)))
+        loss = xbt_direct_loss(v, w, self.old_images[images].to(device),
+                               self.old_texts[captions].to(device), self.scale)
+        return {"direct_loss": loss}
+
+
+def train_direct(adapters: Adapters, phi: Projector, pairs: PairTensors,
+                 old_images: torch.Tensor, old_texts: torch.Tensor, cfg: XbtConfig,
+                 show_progress: bool = True) -> TrainResult:
+    """The Direct baseline: the same adapters and steps as stage 2, phi random and all trained."""
+    model = adapters.model
+    groups = stage2_groups(adapters, phi, cfg, train_phi="all")
+    adapters.train_mode()
+    phi.train()
+    try:
+        return train(DirectTask(model, phi, pairs, old_images, old_texts, cfg.logit_scale),
+                     pair_index_batches(pairs, cfg.batch_size, cfg.seed), groups,
+                     cfg.stage2_config(), desc="direct baseline", show_progress=show_progress)
+    finally:
+        model.eval()
+        phi.eval()
+
+
+# ---------------------------------------------------------------------------- inputs
+@dataclass
+class Prepared:
+    """Everything an upgrade trains on, resolved and checked before the first step."""
+
+    old: Artifact
+    target_space: str
+    target_dim: int
+    new_source: Artifact | ModelSpec
+    spec: ModelSpec  # the new model's architecture (no weight source)
+    native_space: str | None  # the new artifact's space, None for a bare model spec
+    model: nn.Module  # the new model, adapters attached (its own weights never change)
+    adapters: Adapters
+    base_state: dict[str, torch.Tensor]  # the new model's weights, as loaded
+    encoder: Encoder  # the new model natively (for caching; adapters off)
+    corpus: list[str]
+    dataset: PairDataset
+    pairs: PairTensors  # new-model preprocessing and tokens
+    device: torch.device
+
+    @property
+    def new_dim(self) -> int:
+        return model_embed_dim(self.model)
+
+
+def prepare(old: Artifact, new: Artifact | ModelSpec, corpus: str | Path | Sequence[str],
+            dataset: PairDataset, cfg: XbtConfig, target_space: str | None = None,
+            device: str | torch.device | None = None, show_progress: bool = True) -> Prepared:
+    """Resolve and check every input (see :mod:`training.xbt.inputs`); nothing trains yet."""
+    target = target_space_of(old, target_space)
+    dim = declared_dim(old, target)
+    captions = read_corpus(corpus)
+    if len(dataset) == 0:
+        raise DataError("the paired set is empty: stage 2 needs image-caption pairs")
+    spec, model, native = new_model_of(new)
+    if native == target:
+        raise ConfigError(f"the new model already embeds natively into space '{target}': it "
+                          f"needs no upgrade into it (upgrade a model of another space)")
+    tokenizer = create_tokenizer(spec)
+    check_tokenizer("the new model", model, tokenizer, captions[:TOKENIZER_PROBE])
+    base_state = model_state(model)
+    adapters = Adapters.attach(model, cfg.adapter_config())  # fails early on a ResNet + prompts
+    encoder = Encoder(model, tokenizer, pick_device(device))
+    with adapters.disabled():
+        pairs = build_pairs(dataset, encoder, [cfg.language], show_progress)  # reads every image
+    return Prepared(old, target, dim, new, spec, native, model, adapters, base_state, encoder,
+                    captions, dataset, pairs, encoder.device)
+
+
+def with_fresh_adapters(p: Prepared, cfg: XbtConfig) -> Prepared:
+    """The same inputs on a fresh copy of the new model with untrained adapters."""
+    _, model, _ = new_model_of(p.new_source)
+    adapters = Adapters.attach(model, cfg.adapter_config())
+    encoder = Encoder(model, p.encoder.tokenizer, p.device)
+    return replace(p, model=model, adapters=adapters, encoder=encoder)
+
+
+def open_old(p: Prepared) -> Encoder:
+    """The old version routed into the target space, checked against its declared dim."""
+    old = load_encoder(p.old, p.target_space, p.device)
+    check_dim(f"old version '{p.old.version_id}' in space '{p.target_space}'", p.target_dim,
+              int(old.embed_dim))
+    check_tokenizer(f"old version '{p.old.version_id}'", old.model, old.tokenizer,
+                    p.corpus[:TOKENIZER_PROBE])
+    return old
+
+
+def free_memory() -> None:
+    """Return a released model's memory (the old model's, before the next stage)."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------------------- the stages
+def cache_text(p: Prepared, cfg: XbtConfig,
+               show_progress: bool = True) -> tuple[TextCache, Anchor | None]:
+    """Embed the corpus with the old version (then release it) and the off-the-shelf new model."""
+    old_encoder = open_old(p)
+    old = embed_corpus(old_encoder, p.corpus, "old text (cache)", show_progress)
+    del old_encoder  # the old model is never needed again by XBT
+    free_memory()
+    with p.adapters.disabled():
+        new = embed_corpus(p.encoder, p.corpus, "new text (cache)", show_progress)
+    anchor = Anchor(p.encoder.tokenize(p.corpus), old) if cfg.anchor else None
+    return TextCache(new, old), anchor
+
+
+def stage1(p: Prepared, cfg: XbtConfig,
+           show_progress: bool = True) -> tuple[Projector, Anchor | None, dict[str, Any]]:
+    """Cache the corpus embeddings and pretrain a fresh phi on them."""
+    start = time.perf_counter()
+    cache, anchor = cache_text(p, cfg, show_progress)
+    cached = time.perf_counter() - start
+    torch.manual_seed(cfg.seed)
+    phi = Projector(p.new_dim, p.target_dim).to(p.device)
+    result = pretrain_projector(phi, cache, cfg, show_progress)
+    return phi, anchor, {"corpus_captions": len(p.corpus), "cache_seconds": cached,
+                         **result_metrics(result)}
+
+
+def direct(p: Prepared, cfg: XbtConfig,
+           show_progress: bool = True) -> tuple[Projector, dict[str, Any]]:
+    """The Direct baseline: embed the pairs with the old model once, then train end to end."""
+    start = time.perf_counter()
+    old_images, old_texts = _old_pair_embeddings(p)
+    free_memory()
+    cached = time.perf_counter() - start
+    torch.manual_seed(cfg.seed)
+    phi = Projector(p.new_dim, p.target_dim).to(p.device)
+    result = train_direct(p.adapters, phi, p.pairs, old_images, old_texts, cfg,
+                          show_progress)
+    return phi, {"cache_seconds": cached, **result_metrics(result)}
+
+
+def _old_pair_embeddings(p: Prepared) -> tuple[torch.Tensor, torch.Tensor]:
+    """(images [N, D_old], captions [M, D_old]) of the paired set by the old version."""
+    old = open_old(p)
+    if get_model_preprocess_cfg(old.model) == get_model_preprocess_cfg(p.model):
+        images = old.encode_image_tensors(p.pairs.pixels)  # same preprocessing: reuse pixels
+    else:
+        images = old.encode_images([p.dataset.load_image(i) for i in range(len(p.dataset))])
+    return torch.from_numpy(images), torch.from_numpy(old.encode_texts(p.pairs.captions))
+
+
+def result_metrics(result: TrainResult) -> dict[str, Any]:
+    return {"steps": result.steps, "seconds": result.seconds, "final_loss": result.final_loss,
+            "first_loss": result.losses[0] if result.losses else None}
+
+
+# ---------------------------------------------------------------------------- the artifact
+def projector_route(p: Prepared, phi: Projector, cfg: XbtConfig) -> dict[str, Any]:
+    """How the version reaches the target space: base model + adapters + phi (route.py)."""
+    return {"kind": "projector", "adapters": ADAPTERS_FILE, "projector": PROJECTOR_FILE,
+            "adapter_config": cfg.adapter_config().to_dict(), "projector_dims": phi.dims(),
+            "embed_dim": phi.out_dim}
+
+
+def write_upgrade(p: Prepared, phi: Projector, cfg: XbtConfig, metrics: dict[str, Any],
+                  out: str | Path, version_id: str | None = None) -> Artifact:
+    """Write the upgraded version: self-contained (base weights included), atomic."""
+    vid = version_id or new_version_id()
+    space = p.native_space or vid
+    manifest = {
+        "version_id": vid, "space": space, "kind": "xbt", "method": cfg.method,
+        "parent": p.old.version_id, "target_space": p.target_space,
+        "model_spec": p.spec.to_dict(), "base_model": p.spec.describe(),
+        "embed_dim": p.new_dim, "preprocess": dict(get_model_preprocess_cfg(p.model)),
+        "languages": [cfg.language], "hyperparameters": cfg.to_dict(), "metrics": metrics,
+        "routes": {space: {"kind": "native"}, p.target_space: projector_route(p, phi, cfg)},
+    }
+    tensors = {WEIGHTS: p.base_state, ADAPTERS_FILE: p.adapters.state_dict(),
+               PROJECTOR_FILE: {k: v.detach() for k, v in phi.state_dict().items()}}
+    return write_artifact(out, manifest, tensors)
+
+
+def train_upgrade(p: Prepared, cfg: XbtConfig,
+                  show_progress: bool = True) -> tuple[Projector, dict[str, Any]]:
+    """Run the configured method on prepared inputs: (trained phi, metrics)."""
+    pairs = {"pair_images": len(p.pairs.pixels), "pair_captions": len(p.pairs.tokens)}
+    if cfg.method == "direct":
+        phi, metrics = direct(p, cfg, show_progress)
+        return phi, {**pairs, "direct": metrics}
+    phi, anchor, pretrain = stage1(p, cfg, show_progress)
+    result = train_stage2(p.adapters, phi, p.pairs, cfg, anchor, show_progress)
+    return phi, {**pairs, "pretrain": pretrain, "stage2": result_metrics(result)}
+
+
+def upgrade(old: Artifact, new: Artifact | ModelSpec, corpus: str | Path | Sequence[str],
+            pairs: PairDataset, out: str | Path, cfg: XbtConfig | None = None,
+            version_id: str | None = None, target_space: str | None = None,
+            device: str | torch.device | None = None, show_progress: bool = True) -> Artifact:
+    """Make ``new`` compatible with ``old``'s (root) space; write the version at ``out``.
+
+    ``new``: an artifact (its native model) or a model spec; ``corpus``: captions, a text
+    file (one per line) or ``synth:N``; ``pairs``: the image-caption set of stage 2.
+    Every input is checked before training; on any failure nothing is written.
+    """
+    cfg = cfg or XbtConfig()
+    if Path(out).exists():
+        raise ConfigError(f"{out} already exists; choose another output directory")
+    seed_everything(cfg.seed)
+    start = time.perf_counter()
+    prepared = prepare(old, new, corpus, pairs, cfg, target_space, device, show_progress)
+    phi, metrics = train_upgrade(prepared, cfg, show_progress)
+    metrics["upgrade_seconds"] = time.perf_counter() - start
+    return write_upgrade(prepared, phi, cfg, metrics, out, version_id)
