@@ -26,7 +26,7 @@ def _write(micro_spec, out: Path, **extra):
 
 
 def test_round_trip_reproduces_embeddings(micro_spec, tmp_path: Path) -> None:
-    model, art = _write(micro_spec, tmp_path / "v1")
+    model, _ = _write(micro_spec, tmp_path / "v1")
     loaded = load_artifact(tmp_path / "v1")
     m = loaded.manifest
     assert m["version_id"] == "v1" and m["space"] == "v1" and m["parent"] is None
@@ -77,7 +77,7 @@ def test_existing_output_is_not_overwritten(micro_spec, tmp_path: Path) -> None:
 
 def test_failed_write_leaves_nothing(micro_spec, tmp_path: Path) -> None:
     manifest = {"version_id": "v2", "space": "v2", "model_spec": micro_spec.to_dict()}
-    with pytest.raises(Exception):
+    with pytest.raises(AttributeError):
         write_artifact(tmp_path / "v2", manifest, {WEIGHTS: {"w": "not a tensor"}})  # type: ignore[dict-item]
     assert list(tmp_path.iterdir()) == []  # neither the artifact nor a temp dir remains
 

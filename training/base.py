@@ -3,8 +3,9 @@ contrastive loss, written as a model version artifact in its own embedding space
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from safetensors.torch import save_file

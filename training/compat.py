@@ -7,7 +7,8 @@ served. A cell is ``None`` when q has no route into g's space.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 import copy
 import json
 import socket
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import open_clip
@@ -59,7 +60,7 @@ class ModelSpec:
             raise ModelLoadError("a pretrained tag needs an open_clip architecture name (`arch`)")
 
     @classmethod
-    def from_json(cls, path: str | Path, checkpoint: str | None = None) -> "ModelSpec":
+    def from_json(cls, path: str | Path, checkpoint: str | None = None) -> ModelSpec:
         """A spec from a JSON model config file (open_clip's format, or ``{"model_cfg": ...}``)."""
         try:
             raw = json.loads(Path(path).read_text())
@@ -74,13 +75,13 @@ class ModelSpec:
         return cls(config=config, checkpoint=checkpoint, preprocess=raw.get("preprocess_cfg", {}))
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ModelSpec":
+    def from_dict(cls, data: dict[str, Any]) -> ModelSpec:
         return cls(**data)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def without_weights(self) -> "ModelSpec":
+    def without_weights(self) -> ModelSpec:
         """The same architecture with no weight source (weights come from elsewhere)."""
         return ModelSpec(arch=self.arch, config=copy.deepcopy(self.config),
                          preprocess=dict(self.preprocess),
@@ -249,7 +250,7 @@ class Encoder:
         self.image_head = image_head.to(self.device).eval() if image_head is not None else None
 
     @classmethod
-    def from_spec(cls, spec: ModelSpec, device: str | torch.device | None = None) -> "Encoder":
+    def from_spec(cls, spec: ModelSpec, device: str | torch.device | None = None) -> Encoder:
         return cls(create_model(spec), create_tokenizer(spec), device)
 
     @property

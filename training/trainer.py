@@ -11,8 +11,9 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch

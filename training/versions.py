@@ -9,7 +9,7 @@ imported on first use, so this module stays free of method code.
 from __future__ import annotations
 
 import importlib
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
