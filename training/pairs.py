@@ -61,8 +61,10 @@ def build_pairs(dataset: PairDataset, encoder: Encoder, languages: Sequence[str]
     return PairTensors(pixels, encoder.tokenize(texts), torch.tensor(owners), texts)
 
 
-def pair_batches(pairs: PairTensors, batch_size: int, seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Endless (pixels [B,3,H,W] float32, tokens [B,ctx]) batches, one caption per image."""
+def pair_index_batches(pairs: PairTensors, batch_size: int,
+                       seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Endless (image indices [B], caption indices [B]): each epoch visits every image once
+    in a seeded order, each with one of its captions drawn at random."""
     rng = np.random.default_rng(seed)
     groups = pairs.captions_of()
     usable = np.array([i for i, g in enumerate(groups) if len(g)])
@@ -73,5 +75,12 @@ def pair_batches(pairs: PairTensors, batch_size: int, seed: int) -> Iterator[tup
         order = rng.permutation(usable)
         for start in range(0, len(order) - batch_size + 1, batch_size):
             images = order[start:start + batch_size]
-            caps = [groups[i][rng.integers(len(groups[i]))] for i in images]
-            yield pairs.pixels[images].float(), pairs.tokens[caps]
+            captions = [groups[i][rng.integers(len(groups[i]))] for i in images]
+            yield torch.as_tensor(images), torch.as_tensor(np.array(captions))
+
+
+def pair_batches(pairs: PairTensors, batch_size: int,
+                 seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Endless (pixels [B,3,H,W] float32, tokens [B,ctx]) batches, one caption per image."""
+    for images, captions in pair_index_batches(pairs, batch_size, seed):
+        yield pairs.pixels[images].float(), pairs.tokens[captions]

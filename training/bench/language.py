@@ -165,8 +165,8 @@ def render(result: dict[str, Any]) -> str:
     cols = ["en", *result["bench"]["languages"]]
     lines = ["text->image R@1 per language (row 'old': the English-only start)"]
     for name, v in result["variants"].items():
-        lines += [f"== {name} (lr {v['config']['lr']:g}, init {v['config']['init']}, "
-                  f"row scaling {v['config']['scale_rows']})",
+        lines += [(f"== {name} (lr {v['config']['lr']:g}, init {v['config']['init']}, "
+                   f"row scaling {v['config']['scale_rows']})"),
                   "after      " + " ".join(f"{c:>6}" for c in cols)
                   + "  en change  new tokens  image tower  secs",
                   "old        " + " ".join(f"{result['start'][c]:6.3f}" for c in cols)]

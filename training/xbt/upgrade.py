@@ -22,7 +22,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from open_clip.model import get_model_preprocess_cfg
 from torch import nn
@@ -33,7 +32,7 @@ from training.data import PairDataset
 from training.encoders import Encoder, ModelSpec, create_tokenizer, model_embed_dim, pick_device
 from training.errors import ConfigError, DataError
 from training.losses import xbt_anchor_loss, xbt_direct_loss, xbt_loss, xbt_pretrain_loss
-from training.pairs import PairTensors, build_pairs
+from training.pairs import PairTensors, build_pairs, pair_index_batches
 from training.trainer import TrainResult, seed_everything, train
 from training.versions import load_encoder
 from training.xbt.adapters import Adapters
@@ -55,25 +54,6 @@ TOKENIZER_PROBE = 256  # captions tokenized up front to check each tokenizer aga
 
 
 # ---------------------------------------------------------------------------- batches
-def pair_index_batches(pairs: PairTensors, batch_size: int,
-                       seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Endless (image indices [B], caption indices [B]): each epoch visits every image once in
-    a seeded order with one random caption (as ``pair_batches``, but indices, so the Direct
-    baseline can look up old embeddings of the same pairs)."""
-    rng = np.random.default_rng(seed)
-    groups = pairs.captions_of()
-    usable = np.array([i for i, g in enumerate(groups) if len(g)])
-    if len(usable) < 2:
-        raise DataError("need at least 2 images with captions to form a contrastive batch")
-    batch_size = min(batch_size, len(usable))
-    while True:
-        order = rng.permutation(usable)
-        for start in range(0, len(order) - batch_size + 1, batch_size):
-            images = order[start:start + batch_size]
-            captions = [groups[i][rng.integers(len(groups[i]))] for i in images]
-            yield torch.as_tensor(images), torch.as_tensor(np.array(captions))
-
-
 def index_batches(n: int, batch_size: int, seed: int) -> Iterator[torch.Tensor]:
     """Endless [B] indices into n cached rows, a fresh seeded permutation per epoch."""
     gen = torch.Generator().manual_seed(seed)
