@@ -435,3 +435,15 @@ def test_cli_continual_phase_and_unknown_method(base: Artifact, tmp_path: Path,
     assert manifest["parent"] == "v0" and manifest["phase"]["method"] == "ctp"
     assert manifest["hyperparameters"]["strategy"]["tau"] == 0.1
     assert manifest["hyperparameters"]["strategy"]["replay"] == 5
+
+
+@pytest.mark.parametrize("command", [["continual"], ["bench", "continual"],
+                                     ["bench", "language"]])
+def test_help_of_the_continual_commands(command: list[str],
+                                        capsys: pytest.CaptureFixture) -> None:
+    from training.cli import build_parser
+
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args([*command, "--help"])
+    assert exc.value.code == 0
+    assert "usage: nobackfill" in capsys.readouterr().out
