@@ -1,5 +1,6 @@
 """Everything one gateway process holds: settings, registry, gallery store, the runtime
-that serves models, metrics, and the device lane (one thread running model forwards)."""
+that serves models, metrics, the device lane (one thread running model forwards), and
+the job records and queue."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from dataclasses import dataclass
 from service.core.config import Settings
 from service.core.metrics import Metrics
 from service.gallery import GalleryStore, open_qdrant
+from service.jobs import JobStore
+from service.jobs.broker import JobQueue
 from service.registry import Registry
 from service.runtime.embedder import Batching
 from service.runtime.serving import EncoderLoader, Runtime
@@ -28,6 +31,8 @@ class Gateway:
     runtime: Runtime
     metrics: Metrics
     lane: ThreadPoolExecutor
+    jobs: JobStore
+    queue: JobQueue
 
     def close(self) -> None:
         self.lane.shutdown(wait=True, cancel_futures=True)
@@ -43,7 +48,8 @@ def open_gateway(settings: Settings, metrics: Metrics,
     batching = Batching(settings.batch_max_size, settings.batch_max_wait_s)
     runtime = Runtime(registry, load or _device_loader(settings.device), lane, batching, metrics,
                       settings.keep_warm_versions)
-    return Gateway(settings, registry, store, runtime, metrics, lane)
+    return Gateway(settings, registry, store, runtime, metrics, lane,
+                   JobStore(settings.registry_dir), JobQueue(settings))
 
 
 def _device_loader(device: str | None) -> EncoderLoader:

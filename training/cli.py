@@ -52,13 +52,9 @@ def add_synth(sub: argparse._SubParsersAction) -> None:
 
 # ---------------------------------------------------------------- data / model options
 def open_dataset(path: str, skip_bad: bool = False) -> Any:
-    """A dataset from a manifest file or a directory holding ``manifest.jsonl``."""
-    from training.data import load_manifest
+    from training.data import open_dataset as open_data
 
-    target = Path(path)
-    if target.is_dir():
-        target = target / "manifest.jsonl"
-    return load_manifest(target, skip_bad=skip_bad)
+    return open_data(path, skip_bad)
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:

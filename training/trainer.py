@@ -68,6 +68,7 @@ class Progress:
     loss: float
     eta_s: float
     samples_per_s: float
+    stage: str = ""  # the run's ``desc`` (e.g. "xbt stage 1 (text)")
 
 
 @dataclass
@@ -145,7 +146,7 @@ def train(task: Task, batches: Iterator[Any], groups: list[dict[str, Any]], cfg:
         result.steps = step + 1
         elapsed = time.perf_counter() - start
         prog = Progress(step + 1, cfg.steps, loss, elapsed / (step + 1) * (cfg.steps - step - 1),
-                        (step + 1) * cfg.batch_size / max(elapsed, 1e-9))
+                        (step + 1) * cfg.batch_size / max(elapsed, 1e-9), desc)
         bar.update(1)
         bar.set_postfix(loss=f"{loss:.4f}", samples_s=f"{prog.samples_per_s:.0f}")
         if on_progress is not None:

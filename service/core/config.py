@@ -44,6 +44,25 @@ class Settings(BaseSettings):
     registry_poll_interval_s: float = Field(
         1.0, ge=0, description="how often to look for promotions/rollbacks; 0 disables")
     access_log: bool = Field(True, description="uvicorn's per-request log lines")
+    # Jobs (the gateway enqueues them, Celery workers run them; both read these).
+    broker_url: str | None = Field(
+        None, description="Celery broker, e.g. redis://redis:6379/0; unset: an embedded "
+        "filesystem broker under DATA_DIR/broker (no server needed)")
+    result_backend: str | None = Field(
+        None, description="Celery result backend, e.g. redis://redis:6379/1; unset: files "
+        "under DATA_DIR/broker/results")
+    training_queue: str = Field("training", description="the Celery queue of training jobs")
+    broker_timeout_s: float = Field(
+        3.0, gt=0, description="how long job submission waits for the broker before 503")
+    job_heartbeat_s: float = Field(
+        2.0, gt=0, description="how often a running job writes its progress and heartbeat")
+    job_stale_after_s: float = Field(
+        60.0, gt=0, description="a running job silent this long is failed as 'worker lost'")
+    gate_margin: float = Field(
+        0.0, ge=0, le=1, description="the gate needs new->old R@1 >= old->old R@1 + margin")
+    gate_retention_limit: float = Field(
+        0.02, ge=0, le=1, description="continual phases: largest allowed R@1 drop on the "
+        "gallery's old domains (validation items outside the phase's domain)")
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
 
@@ -55,6 +74,11 @@ class Settings(BaseSettings):
     def qdrant_location(self) -> str:
         """Where the embedded Qdrant keeps its data (a path or ':memory:')."""
         return self.qdrant_path or str(self.data_dir / "qdrant")
+
+    @property
+    def broker_dir(self) -> Path:
+        """Where the embedded (filesystem) broker keeps its messages and results."""
+        return self.data_dir / "broker"
 
     @property
     def batch_max_wait_s(self) -> float:

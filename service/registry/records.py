@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 
@@ -58,6 +58,7 @@ class GalleryRecord:
     active: str
     created_at: str
     history: tuple[Event, ...] = field(default_factory=tuple)
+    validation: str | None = None  # held-out data the gate evaluates candidates on
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "history": [e.to_json() for e in self.history]}
@@ -68,8 +69,7 @@ class GalleryRecord:
         return cls(**{**data, "history": history})
 
     def with_event(self, event: Event) -> GalleryRecord:
-        return GalleryRecord(self.name, self.space, event.version, self.created_at,
-                             (*self.history, event))
+        return replace(self, active=event.version, history=(*self.history, event))
 
     def earlier_versions(self) -> list[str]:
         return list(dict.fromkeys(e.version for e in self.history if e.version != self.active))

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -129,8 +130,8 @@ class Registry:
         index["versions"][record.version_id] = record.to_json()
 
     # ------------------------------------------------------------ galleries
-    def create_gallery(self, name: str, space: str, *, by: str,
-                       version: str | None = None) -> GalleryRecord:
+    def create_gallery(self, name: str, space: str, *, by: str, version: str | None = None,
+                       validation: str | None = None) -> GalleryRecord:
         """A new gallery in ``space``, served by ``version`` (default: the newest version
         native to that space). The first version is not gated: there is nothing to be
         compatible with yet."""
@@ -143,8 +144,21 @@ class Registry:
             if space not in chosen.routes:
                 raise SpaceMismatch(_no_route(chosen, space))
             event = Event("create", chosen.version_id, None, by, utc_now())
-            record = GalleryRecord(name, space, chosen.version_id, event.at, (event,))
+            record = GalleryRecord(name, space, chosen.version_id, event.at, (event,),
+                                   validation)
             index["galleries"][name] = record.to_json()
+            return record
+        return self.index.update(change)
+
+    def set_gate(self, version_id: str, report: dict[str, Any]) -> VersionRecord:
+        """Store a (new) gate report of a registered version: in the index, and in the
+        manifest of its artifact (rewritten atomically; the manifest is not checksummed)."""
+        _check_gate_report(report)
+
+        def change(index: dict[str, Any]) -> VersionRecord:
+            record = replace(_version(index, version_id), gate=report)
+            staging.write_manifest_field(self.root / record.path, "gate", report)
+            index["versions"][version_id] = record.to_json()
             return record
         return self.index.update(change)
 

@@ -8,6 +8,7 @@ registered.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import shutil
@@ -15,7 +16,7 @@ import uuid
 from pathlib import Path
 
 from service.core.errors import InvalidArtifact
-from training.artifacts import Artifact, load_artifact
+from training.artifacts import MANIFEST, Artifact, load_artifact
 from training.errors import ArtifactError
 
 VERSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -78,3 +79,16 @@ def give_back(staged: Path, source: Path) -> None:
 
 def same_files(a: Artifact, b: Artifact) -> bool:
     return a.manifest.get("files") == b.manifest.get("files")
+
+
+def write_manifest_field(artifact_dir: Path, key: str, value: object) -> None:
+    """Set one top-level manifest field, atomically (temp file + rename)."""
+    path = artifact_dir / MANIFEST
+    manifest = json.loads(path.read_text())
+    manifest[key] = value
+    tmp = path.with_name(f".{MANIFEST}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

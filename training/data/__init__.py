@@ -7,6 +7,7 @@ from training.data.dataset import (
     attribute_relevance,
     load_karpathy,
     load_manifest,
+    open_dataset,
     open_image,
 )
 from training.data.synth import (
@@ -35,6 +36,7 @@ __all__ = [
     "is_relevant",
     "load_karpathy",
     "load_manifest",
+    "open_dataset",
     "open_image",
     "parallel_corpus",
     "render",

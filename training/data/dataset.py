@@ -369,6 +369,14 @@ def load_manifest(path: Path | str, skip_bad: bool = False) -> PairDataset:
 KARPATHY_SPLITS = ("train", "restval", "val", "test")
 
 
+def open_dataset(path: Path | str, skip_bad: bool = False) -> PairDataset:
+    """A dataset from a manifest file or a directory holding ``manifest.jsonl``."""
+    target = Path(path)
+    if target.is_dir():
+        target = target / "manifest.jsonl"
+    return load_manifest(target, skip_bad=skip_bad)
+
+
 def _karpathy_split_names(split: str) -> set[str]:
     names = {name.strip() for name in split.split("+")}
     unknown = names - set(KARPATHY_SPLITS)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,7 @@ from training.encoders import Encoder, ModelSpec, create_tokenizer, model_embed_
 from training.errors import ConfigError, DataError
 from training.losses import xbt_anchor_loss, xbt_direct_loss, xbt_loss, xbt_pretrain_loss
 from training.pairs import PairTensors, build_pairs, pair_index_batches
-from training.trainer import TrainResult, seed_everything, train
+from training.trainer import Progress, TrainResult, seed_everything, train
 from training.versions import load_encoder
 from training.xbt.adapters import Adapters
 from training.xbt.config import XbtConfig
@@ -46,6 +46,8 @@ from training.xbt.inputs import (
     target_space_of,
 )
 from training.xbt.projector import Projector, to_old_space
+
+OnProgress = Callable[[Progress], None] | None
 
 ADAPTERS_FILE = "adapters.safetensors"
 PROJECTOR_FILE = "projector.safetensors"
@@ -100,13 +102,14 @@ class PretrainTask:
 
 
 def pretrain_projector(phi: Projector, cache: TextCache, cfg: XbtConfig,
-                       show_progress: bool = True) -> TrainResult:
+                       show_progress: bool = True, on_progress: OnProgress = None) -> TrainResult:
     """Stage 1: train all of phi on the cached text embeddings."""
     phi.train().requires_grad_(True)
     task = PretrainTask(phi, cache, cfg.noise_sigma, cfg.logit_scale, cfg.seed)
     result = train(task, index_batches(len(cache.new), cfg.pretrain_batch_size, cfg.seed),
                    [{"params": list(phi.parameters())}], cfg.pretrain_config(),
-                   desc="xbt stage 1 (text)", show_progress=show_progress)
+                   desc="xbt stage 1 (text)", show_progress=show_progress,
+                   on_progress=on_progress)
     phi.eval()
     return result
 
@@ -172,7 +175,8 @@ def stage2_groups(adapters: Adapters, phi: Projector, cfg: XbtConfig,
 
 
 def train_stage2(adapters: Adapters, phi: Projector, pairs: PairTensors, cfg: XbtConfig,
-                 anchor: Anchor | None = None, show_progress: bool = True) -> TrainResult:
+                 anchor: Anchor | None = None, show_progress: bool = True,
+                 on_progress: OnProgress = None) -> TrainResult:
     """Stage 2 on image-text pairs (``adapters.model`` is the new model). Takes no old
     model: XBT never runs it here."""
     model = adapters.model
@@ -182,7 +186,8 @@ def train_stage2(adapters: Adapters, phi: Projector, pairs: PairTensors, cfg: Xb
     try:
         return train(XbtTask(model, phi, pairs, cfg, anchor),
                      pair_index_batches(pairs, cfg.batch_size, cfg.seed), groups,
-                     cfg.stage2_config(), desc="xbt stage 2 (pairs)", show_progress=show_progress)
+                     cfg.stage2_config(), desc="xbt stage 2 (pairs)", show_progress=show_progress,
+                     on_progress=on_progress)
     finally:
         model.eval()
         phi.eval()
@@ -214,7 +219,7 @@ class DirectTask:
 
 def train_direct(adapters: Adapters, phi: Projector, pairs: PairTensors,
                  old_images: torch.Tensor, old_texts: torch.Tensor, cfg: XbtConfig,
-                 show_progress: bool = True) -> TrainResult:
+                 show_progress: bool = True, on_progress: OnProgress = None) -> TrainResult:
     """The Direct baseline: the same adapters and steps as stage 2, phi random and all trained."""
     model = adapters.model
     groups = stage2_groups(adapters, phi, cfg, train_phi="all")
@@ -223,7 +228,8 @@ def train_direct(adapters: Adapters, phi: Projector, pairs: PairTensors,
     try:
         return train(DirectTask(model, phi, pairs, old_images, old_texts, cfg.logit_scale),
                      pair_index_batches(pairs, cfg.batch_size, cfg.seed), groups,
-                     cfg.stage2_config(), desc="direct baseline", show_progress=show_progress)
+                     cfg.stage2_config(), desc="direct baseline", show_progress=show_progress,
+                     on_progress=on_progress)
     finally:
         model.eval()
         phi.eval()
@@ -317,21 +323,21 @@ def cache_text(p: Prepared, cfg: XbtConfig,
     return TextCache(new, old), anchor
 
 
-def stage1(p: Prepared, cfg: XbtConfig,
-           show_progress: bool = True) -> tuple[Projector, Anchor | None, dict[str, Any]]:
+def stage1(p: Prepared, cfg: XbtConfig, show_progress: bool = True,
+           on_progress: OnProgress = None) -> tuple[Projector, Anchor | None, dict[str, Any]]:
     """Cache the corpus embeddings and pretrain a fresh phi on them."""
     start = time.perf_counter()
     cache, anchor = cache_text(p, cfg, show_progress)
     cached = time.perf_counter() - start
     torch.manual_seed(cfg.seed)
     phi = Projector(p.new_dim, p.target_dim).to(p.device)
-    result = pretrain_projector(phi, cache, cfg, show_progress)
+    result = pretrain_projector(phi, cache, cfg, show_progress, on_progress)
     return phi, anchor, {"corpus_captions": len(p.corpus), "cache_seconds": cached,
                          **result_metrics(result)}
 
 
-def direct(p: Prepared, cfg: XbtConfig,
-           show_progress: bool = True) -> tuple[Projector, dict[str, Any]]:
+def direct(p: Prepared, cfg: XbtConfig, show_progress: bool = True,
+           on_progress: OnProgress = None) -> tuple[Projector, dict[str, Any]]:
     """The Direct baseline: embed the pairs with the old model once, then train end to end."""
     start = time.perf_counter()
     old_images, old_texts = _old_pair_embeddings(p)
@@ -340,7 +346,7 @@ def direct(p: Prepared, cfg: XbtConfig,
     torch.manual_seed(cfg.seed)
     phi = Projector(p.new_dim, p.target_dim).to(p.device)
     result = train_direct(p.adapters, phi, p.pairs, old_images, old_texts, cfg,
-                          show_progress)
+                          show_progress, on_progress)
     return phi, {"cache_seconds": cached, **result_metrics(result)}
 
 
@@ -385,27 +391,29 @@ def write_upgrade(p: Prepared, phi: Projector, cfg: XbtConfig, metrics: dict[str
     return write_artifact(out, manifest, tensors)
 
 
-def train_upgrade(p: Prepared, cfg: XbtConfig,
-                  show_progress: bool = True) -> tuple[Projector, dict[str, Any]]:
+def train_upgrade(p: Prepared, cfg: XbtConfig, show_progress: bool = True,
+                  on_progress: OnProgress = None) -> tuple[Projector, dict[str, Any]]:
     """Run the configured method on prepared inputs: (trained phi, metrics)."""
     pairs = {"pair_images": len(p.pairs.pixels), "pair_captions": len(p.pairs.tokens)}
     if cfg.method == "direct":
-        phi, metrics = direct(p, cfg, show_progress)
+        phi, metrics = direct(p, cfg, show_progress, on_progress)
         return phi, {**pairs, "direct": metrics}
-    phi, anchor, pretrain = stage1(p, cfg, show_progress)
-    result = train_stage2(p.adapters, phi, p.pairs, cfg, anchor, show_progress)
+    phi, anchor, pretrain = stage1(p, cfg, show_progress, on_progress)
+    result = train_stage2(p.adapters, phi, p.pairs, cfg, anchor, show_progress, on_progress)
     return phi, {**pairs, "pretrain": pretrain, "stage2": result_metrics(result)}
 
 
 def upgrade(old: Artifact, new: Artifact | ModelSpec, corpus: str | Path | Sequence[str],
             pairs: PairDataset, out: str | Path, cfg: XbtConfig | None = None,
             version_id: str | None = None, target_space: str | None = None,
-            device: str | torch.device | None = None, show_progress: bool = True) -> Artifact:
+            device: str | torch.device | None = None, show_progress: bool = True,
+            on_progress: OnProgress = None) -> Artifact:
     """Make ``new`` compatible with ``old``'s (root) space; write the version at ``out``.
 
     ``new``: an artifact (its native model) or a model spec; ``corpus``: captions, a text
     file (one per line) or ``synth:N``; ``pairs``: the image-caption set of stage 2.
     Every input is checked before training; on any failure nothing is written.
+    ``on_progress`` gets every step of every stage and may raise to stop (cancellation).
     """
     cfg = cfg or XbtConfig()
     if Path(out).exists():
@@ -413,6 +421,6 @@ def upgrade(old: Artifact, new: Artifact | ModelSpec, corpus: str | Path | Seque
     seed_everything(cfg.seed)
     start = time.perf_counter()
     prepared = prepare(old, new, corpus, pairs, cfg, target_space, device, show_progress)
-    phi, metrics = train_upgrade(prepared, cfg, show_progress)
+    phi, metrics = train_upgrade(prepared, cfg, show_progress, on_progress)
     metrics["upgrade_seconds"] = time.perf_counter() - start
     return write_upgrade(prepared, phi, cfg, metrics, out, version_id)

@@ -19,7 +19,7 @@ router = APIRouter(prefix=f"{API_V1}/galleries", tags=["galleries"])
 async def create(body: GalleryCreate, gateway: GatewayDep, admin: AdminDep) -> GalleryOut:
     """Create a gallery in an embedding space, served by a registered version."""
     record = await create_gallery(gateway.registry, gateway.runtime, gateway.store, body.name,
-                                  body.space, body.version, admin)
+                                  body.space, body.version, admin, body.validation)
     return GalleryOut.of(record, gateway.runtime.serving(record.name))
 
 

@@ -20,6 +20,9 @@ class GalleryCreate(BaseModel):
     space: Name = Field(description="the embedding space the gallery's vectors live in")
     version: Name | None = Field(
         None, description="version that serves it; default: the newest native to the space")
+    validation: str | None = Field(
+        None, max_length=4096, description="held-out dataset (directory with manifest.jsonl, "
+        "as the workers see it) that the compatibility gate evaluates candidates on")
 
 
 class EventOut(BaseModel):
@@ -53,6 +56,7 @@ class GalleryOut(BaseModel):
     history: list[EventOut]
     serving: ServingOut | None = None
     items: int | None = Field(None, description="points stored (single-gallery reads only)")
+    validation: str | None = None
 
     @classmethod
     def of(cls, record: GalleryRecord, serving: Serving | None = None,
@@ -60,7 +64,8 @@ class GalleryOut(BaseModel):
         return cls(name=record.name, space=record.space, active=record.active,
                    created_at=record.created_at,
                    history=[EventOut.of(e) for e in record.history],
-                   serving=_serving(serving) if serving else None, items=items)
+                   serving=_serving(serving) if serving else None, items=items,
+                   validation=record.validation)
 
 
 def _serving(serving: Serving) -> ServingOut:

@@ -1,0 +1,50 @@
+"""Request and response bodies of /v1/jobs (the stored record is service.jobs.Job)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.jobs import Job
+
+
+class JobIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["continual", "xbt", "evaluate", "ingest"]
+    gallery: str = Field(min_length=1, max_length=63,
+                         description="the gallery the job serves: its active version is the "
+                                     "base / old model, its validation set feeds the gate")
+    params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="continual: method, data, domain|language, steps, batch_size, config; "
+                    "xbt: new {version|arch(+pretrained|checkpoint)|model_config}, corpus, "
+                    "pairs, config; evaluate: version; ingest: manifest, kinds")
+    auto_promote: bool = Field(False, description="promote the result if its gate passes")
+
+
+class JobOut(BaseModel):
+    id: str
+    kind: str
+    gallery: str
+    params: dict[str, Any]
+    status: Literal["queued", "running", "succeeded", "failed", "cancelled"]
+    progress: dict[str, Any]
+    created_by: str
+    created_at: str
+    started_at: str | None
+    ended_at: str | None
+    heartbeat_at: str | None
+    worker: str | None
+    cancel_requested: bool
+    auto_promote: bool
+    version: str | None
+    gate: dict[str, Any] | None
+    promoted: bool
+    result: dict[str, Any]
+    error: str | None
+
+    @classmethod
+    def of(cls, job: Job) -> JobOut:
+        return cls(**job.to_json())

@@ -1,0 +1,78 @@
+"""The compatibility gate: may a candidate version serve a gallery that the incumbent serves?
+
+The criterion is eq. 1 of the XBT paper, aggregated as R@1 (DESIGN.md, "Promotion is
+gated"): on held-out validation data, the candidate's queries routed into the gallery's
+space must retrieve the incumbent's gallery embeddings at least as well as the
+incumbent's own queries do, text->image and image->text, plus a margin:
+
+    R@1(candidate -> incumbent) >= R@1(incumbent -> incumbent) + margin
+
+For a continual phase on a new domain, the items of the gallery's other (old) domains
+are also checked alone: their R@1 may drop at most ``retention_limit`` (the new domain
+must not buy its gain with the old ones).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from training.artifacts import Artifact
+from training.compat import compatibility_of_artifacts
+from training.data import PairDataset
+from training.errors import ConfigError
+
+DIRECTIONS = ("t2i", "i2t")
+METRIC = "R@1"
+
+
+@dataclass(frozen=True)
+class GateCriterion:
+    margin: float = 0.0  # candidate->incumbent R@1 must beat incumbent->incumbent by this
+    retention_limit: float | None = None  # largest allowed R@1 drop on old domains
+    new_domain: str | None = None  # the phase's domain; the others are "old"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.margin <= 1:
+            raise ConfigError(f"gate margin must be in [0, 1], got {self.margin}")
+        if self.retention_limit is not None and not 0 <= self.retention_limit <= 1:
+            raise ConfigError(f"retention_limit must be in [0, 1], got {self.retention_limit}")
+
+
+def run_gate(candidate: Artifact, incumbent: Artifact, validation: PairDataset,
+             criterion: GateCriterion | None = None, language: str = "en") -> dict[str, Any]:
+    """The gate report: ``{"passed", "checks", "matrix", "criterion", ...}`` (JSON-able)."""
+    criterion = criterion or GateCriterion()
+    if incumbent.space not in candidate.routes:
+        raise ConfigError(f"candidate '{candidate.version_id}' has no route into the gallery's "
+                          f"space '{incumbent.space}'; its routes: {sorted(candidate.routes)}")
+    matrix = compatibility_of_artifacts([incumbent, candidate], validation, language)
+    checks = _compatibility_checks(matrix, candidate.version_id, incumbent.version_id,
+                                   criterion.margin, "all")
+    old_domains = _old_domains(validation, criterion.new_domain)
+    if criterion.retention_limit is not None and old_domains:
+        old = validation.filter(domains=old_domains)
+        old_matrix = compatibility_of_artifacts([incumbent, candidate], old, language)
+        checks += _compatibility_checks(old_matrix, candidate.version_id, incumbent.version_id,
+                                        -criterion.retention_limit, "old domains")
+    return {"passed": all(c["passed"] for c in checks), "checks": checks, "matrix": matrix,
+            "criterion": {**asdict(criterion), "metric": METRIC, "old_domains": old_domains},
+            "candidate": candidate.version_id, "incumbent": incumbent.version_id,
+            "space": incumbent.space, "validation_items": len(validation)}
+
+
+def _compatibility_checks(matrix: dict[str, Any], candidate: str, incumbent: str,
+                          margin: float, subset: str) -> list[dict[str, Any]]:
+    """One check per direction: cross (candidate queries) against the incumbent's own."""
+    cells = matrix["cells"]
+    cross, own = cells[candidate][incumbent], cells[incumbent][incumbent]
+    return [{"subset": subset, "direction": d, "new_to_old": cross[d][METRIC],
+             "old_to_old": own[d][METRIC], "required": own[d][METRIC] + margin,
+             "passed": cross[d][METRIC] >= own[d][METRIC] + margin - 1e-12}
+            for d in DIRECTIONS]
+
+
+def _old_domains(validation: PairDataset, new_domain: str | None) -> list[str]:
+    if new_domain is None:
+        return []
+    return [d for d in validation.domains() if d != new_domain]

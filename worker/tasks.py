@@ -1,0 +1,17 @@
+"""The task: thin and idempotent. It receives a job id; everything else is in the record."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from worker.app import app, settings
+
+
+@app.task(name="nobackfill.run_job", bind=True, ignore_result=False)
+def run_job(self: Any, job_id: str) -> str | None:
+    from worker.run import run  # torch and training load here, in the task's process
+
+    node = getattr(self.request, "hostname", None) or "worker"
+    job = run(job_id, settings, f"{node}:{os.getpid()}")
+    return job.status if job is not None else None
