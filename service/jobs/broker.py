@@ -46,12 +46,14 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     else:
         queue = settings.broker_dir / "queue"
         processed = settings.broker_dir / "processed"
-        for folder in (queue, processed):
+        control = settings.broker_dir / "control"  # exchange tables (default: ./control)
+        for folder in (queue, processed, control):
             folder.mkdir(parents=True, exist_ok=True)
         conf["broker_url"] = "filesystem://"
         conf["broker_transport_options"] = {
             "data_folder_in": str(queue), "data_folder_out": str(queue),
-            "processed_folder": str(processed), "store_processed": False}
+            "processed_folder": str(processed), "control_folder": str(control),
+            "store_processed": False}
         conf["worker_enable_remote_control"] = False  # no fanout on the filesystem transport
     if settings.result_backend:
         conf["result_backend"] = settings.result_backend
