@@ -1,0 +1,124 @@
+"""Job records (lifecycle, idempotent start, cancel, reaping) and the compatibility gate."""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from service.core.errors import Conflict
+from service.jobs import JobNotFound, JobStore
+from training.artifacts import load_artifact, write_artifact
+from training.data import PairDataset, generate_items
+from training.errors import ConfigError
+from training.gate import GateCriterion, run_gate
+
+
+def test_a_job_runs_once_and_ends_once(tmp_path: Path) -> None:
+    store = JobStore(tmp_path)
+    job = store.create("continual", "g", {"method": "seqft"}, by="ops")
+    assert store.get(job.id).status == "queued"
+    running = store.start(job.id, "w@h:1")
+    assert running is not None and running.status == "running" and running.worker == "w@h:1"
+    assert store.start(job.id, "w@h:2") is None  # a duplicate delivery does not run it again
+    store.beat(job.id, {"step": 3, "total": 10})
+    assert store.get(job.id).progress == {"step": 3, "total": 10}
+    store.work_dir(job.id).mkdir()
+    done = store.finish(job.id, "succeeded", version="v2")
+    assert (done.status, done.version) == ("succeeded", "v2") and done.ended_at
+    assert not store.work_dir(job.id).exists()
+    assert store.finish(job.id, "failed", error="late").status == "succeeded"  # first word wins
+    with pytest.raises(Conflict, match="already succeeded"):
+        store.cancel(job.id)
+
+
+def test_cancel_a_queued_job_at_once_and_flag_a_running_one(tmp_path: Path) -> None:
+    store = JobStore(tmp_path)
+    queued = store.create("evaluate", "g", {}, by="ops")
+    assert store.cancel(queued.id).status == "cancelled"
+    assert store.start(queued.id, "w@h:1") is None  # the task arrives later: it skips
+    running = store.create("evaluate", "g", {}, by="ops")
+    store.start(running.id, "w@h:1")
+    flagged = store.cancel(running.id)
+    assert flagged.status == "running" and flagged.cancel_requested
+
+
+def test_heartbeats_never_lose_a_concurrent_cancel(tmp_path: Path) -> None:
+    store = JobStore(tmp_path)
+    job = store.create("continual", "g", {}, by="ops")
+    store.start(job.id, "w@h:1")
+    beats = [threading.Thread(target=lambda i=i: [store.beat(job.id, {"step": i * 100 + k})
+                                                  for k in range(20)]) for i in range(4)]
+    for t in beats:
+        t.start()
+    store.cancel(job.id)
+    for t in beats:
+        t.join()
+    assert store.get(job.id).cancel_requested
+
+
+def test_reap_fails_silent_jobs_and_jobs_of_a_restarted_node(tmp_path: Path) -> None:
+    store = JobStore(tmp_path)
+    a, b = (store.create("continual", "g", {}, by="ops") for _ in range(2))
+    store.start(a.id, "gpu0@h:11")
+    store.start(b.id, "gpu1@h:12")
+    assert store.reap(stale_after_s=60) == []  # both beat just now
+    assert store.reap(stale_after_s=0, worker="gpu0@h") == [a.id]
+    failed = store.get(a.id)
+    assert failed.status == "failed" and "worker lost" in failed.error
+    assert store.get(b.id).status == "running"
+    store.update(b.id, lambda j: replace(j, heartbeat_at="2000-01-01T00:00:00+00:00"))
+    assert store.reap(stale_after_s=60) == [b.id]
+
+
+def test_unknown_and_unsafe_job_ids_are_not_found(tmp_path: Path) -> None:
+    store = JobStore(tmp_path)
+    for bad in ("job-nope", "../index", ".hidden", ""):
+        with pytest.raises(JobNotFound):
+            store.get(bad)
+
+
+# ---------------------------------------------------------------- the gate
+@pytest.fixture(scope="module")
+def versions(micro_versions: dict[str, Path], tmp_path_factory) -> dict[str, object]:
+    """v1, a byte-identical copy of it under another id (same space), and v3 (other space)."""
+    v1 = load_artifact(micro_versions["v1"])
+    twin = tmp_path_factory.mktemp("twin") / "twin"
+    manifest = {k: v for k, v in v1.manifest.items() if k not in ("files", "created_at")}
+    write_artifact(twin, {**manifest, "version_id": "twin"}, {"model.safetensors": v1.tensors()})
+    return {"v1": v1, "twin": load_artifact(twin), "v3": load_artifact(micro_versions["v3"])}
+
+
+@pytest.fixture(scope="module")
+def validation() -> PairDataset:
+    return PairDataset.from_synth(generate_items(24, seed=11, languages=("en",)), image_size=32)
+
+
+def test_gate_passes_an_equal_candidate_and_fails_an_impossible_margin(versions,
+                                                                        validation) -> None:
+    report = run_gate(versions["twin"], versions["v1"], validation)
+    assert report["passed"] is True and len(report["checks"]) == 2
+    for check in report["checks"]:
+        assert check["new_to_old"] == pytest.approx(check["old_to_old"])
+    assert report["matrix"]["models"] == ["v1", "twin"]
+    json.dumps(report)  # stored in manifests and job records
+    strict = run_gate(versions["twin"], versions["v1"], validation, GateCriterion(margin=1.0))
+    assert strict["passed"] is False and not any(c["passed"] for c in strict["checks"])
+
+
+def test_gate_checks_old_domains_for_a_domain_phase(versions, validation) -> None:
+    criterion = GateCriterion(retention_limit=0.02, new_domain=validation.domains()[0])
+    report = run_gate(versions["twin"], versions["v1"], validation, criterion)
+    old = [c for c in report["checks"] if c["subset"] == "old domains"]
+    assert len(old) == 2 and report["criterion"]["old_domains"] == validation.domains()[1:]
+    assert all(c["required"] == pytest.approx(c["old_to_old"] - 0.02) for c in old)
+
+
+def test_gate_refuses_a_candidate_without_a_route_into_the_space(versions, validation) -> None:
+    with pytest.raises(ConfigError, match="no route into the gallery's space 'v1'"):
+        run_gate(versions["v3"], versions["v1"], validation)
+    with pytest.raises(ConfigError, match="margin"):
+        GateCriterion(margin=-0.1)
