@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test test-slow install lint bench-base clean
+.PHONY: test test-slow install lint serve bench-base clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,11 @@ install: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# The service on this machine: bootstraps a demo on first start, then the embedded worker
+# and the gateway on http://127.0.0.1:8000/ (settings: NOBACKFILL_* variables, .env.example).
+serve: $(STAMP)
+	$(PY) -m service.launch
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow

@@ -9,6 +9,7 @@ from typing import Any
 from service.gallery.store import GalleryStore, Item
 from service.jobs.specs import IngestParams
 from service.registry import Registry
+from service.thumbnails import ThumbnailStore, make_thumbnail
 from training.data import PairDataset
 from training.trainer import Progress
 from worker.run import JobContext
@@ -20,10 +21,11 @@ def ingest_dataset(ctx: JobContext, registry: Registry, store: GalleryStore,
 
     gallery = registry.gallery(ctx.job.gallery)
     encoder = load_encoder(registry.artifact(gallery.active), gallery.space, ctx.settings.device)
+    thumbnails = ThumbnailStore.of(ctx.settings)
     total, start = len(dataset), time.perf_counter()
     for first in range(0, total, p.batch_size):
         indices = range(first, min(first + p.batch_size, total))
-        items = _embed(encoder, dataset, indices, p)
+        items = _embed(encoder, dataset, indices, p, thumbnails, gallery.name)
         store.upsert(gallery.name, items, gallery.active, gallery.space)
         done = indices.stop
         elapsed = time.perf_counter() - start
@@ -32,12 +34,15 @@ def ingest_dataset(ctx: JobContext, registry: Registry, store: GalleryStore,
     return total
 
 
-def _embed(encoder: Any, dataset: PairDataset, indices: range,
-           p: IngestParams) -> list[Item]:
+def _embed(encoder: Any, dataset: PairDataset, indices: range, p: IngestParams,
+           thumbnails: ThumbnailStore, gallery: str) -> list[Item]:
     records = [dataset.records[i] for i in indices]
     vectors: dict[str, Any] = {}
     if "image" in p.kinds:
-        vectors["image"] = encoder.encode_images([dataset.load_image(i) for i in indices])
+        images = [dataset.load_image(i) for i in indices]
+        vectors["image"] = encoder.encode_images(images)
+        thumbnails.replace(gallery, {r.id: make_thumbnail(images[n])
+                                     for n, r in enumerate(records)})
     if "text" in p.kinds:
         vectors["text"] = encoder.encode_texts([_caption(r, p.language) for r in records])
     return [Item(r.id, {kind: v[n] for kind, v in vectors.items()}, _payload(r))

@@ -63,6 +63,18 @@ class Settings(BaseSettings):
     gate_retention_limit: float = Field(
         0.02, ge=0, le=1, description="continual phases: largest allowed R@1 drop on the "
         "gallery's old domains (validation items outside the phase's domain)")
+    # First start of the embedded default (`make serve`): a demo to look at.
+    bootstrap: bool = Field(
+        True, description="when the registry is empty at start: train (or register) v1, "
+        "create the gallery 'demo' and ingest images into it")
+    bootstrap_images: int = Field(2000, ge=1, le=1_000_000,
+                                  description="synthetic gallery size of the bootstrap")
+    bootstrap_steps: int = Field(400, ge=1, description="training steps of the bootstrap v1")
+    bootstrap_model: str | None = Field(
+        None, description="an artifact directory to register as v1 instead of training one")
+    bootstrap_data: str | None = Field(
+        None, description="a dataset (directory with manifest.jsonl) to ingest instead of "
+        "the synthetic world")
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
 

@@ -1,0 +1,121 @@
+"""First start of the embedded default: give an empty registry something to look at.
+
+When the registry holds no version, train a tiny v1 on the synthetic world (or register
+``NOBACKFILL_BOOTSTRAP_MODEL``), write a held-out validation set for the gate, create the
+gallery ``demo`` in v1's space and ingest ``NOBACKFILL_BOOTSTRAP_IMAGES`` synthetic
+images (or ``NOBACKFILL_BOOTSTRAP_DATA``). A later start finds v1 and skips all of it.
+It runs before the gateway opens the embedded Qdrant (one process per path).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from service.core.config import Settings
+from service.gallery import GalleryStore, open_qdrant
+from service.gallery.store import Item
+from service.registry import Registry
+from service.thumbnails import ThumbnailStore, make_thumbnail
+from training.artifacts import Artifact
+
+log = logging.getLogger("nobackfill.bootstrap")
+GALLERY = "demo"
+TINY_OLD = Path(__file__).resolve().parents[1] / "training" / "configs" / "tiny-old.json"
+BATCH = 256
+
+
+def bootstrap(settings: Settings) -> bool:
+    """Run the demo bootstrap if the registry is empty; True when it ran."""
+    registry = Registry(settings.registry_dir)
+    if not settings.bootstrap or registry.galleries():
+        return False  # set up already (or switched off): later starts reuse it
+    work = settings.data_dir / "bootstrap"
+    log.info("step 1/4: empty registry at %s: bootstrapping a demo (work dir %s)",
+             registry.root, work)
+    world, validation = _datasets(settings, work)
+    log.info("step 2/4: model v1")
+    artifact = _model(settings, work, world)
+    log.info("step 3/4: gallery '%s' in space '%s'", GALLERY, artifact.space)
+    _ingest(settings, artifact, world)
+    # Registered last: an interrupted bootstrap leaves no gallery, so the next start
+    # finishes it (the trained v1 and the rendered images are reused; upserts are
+    # idempotent, and registering the same artifact twice is a no-op).
+    record = registry.register(artifact.path, by="bootstrap")
+    registry.create_gallery(GALLERY, record.space, by="bootstrap", version=record.version_id,
+                            validation=str(validation))
+    log.info("step 4/4: bootstrap done: version %s serves gallery '%s'", record.version_id,
+             GALLERY)
+    return True
+
+
+def _datasets(settings: Settings, work: Path) -> tuple[Path, Path]:
+    """(gallery/training set, validation set) directories; synthesised unless configured."""
+    from training.data import write_dataset
+
+    validation = work / "validation"
+    if not (validation / "manifest.jsonl").is_file():
+        size = min(500, max(50, settings.bootstrap_images // 4))
+        log.info("rendering %d held-out validation images (the gate's data)", size)
+        write_dataset(validation, size, seed=1001, show_progress=True)
+    if settings.bootstrap_data:
+        return Path(settings.bootstrap_data), validation
+    world = work / "world"
+    if not (world / "manifest.jsonl").is_file():
+        log.info("rendering %d synthetic images", settings.bootstrap_images)
+        write_dataset(world, settings.bootstrap_images, seed=1, show_progress=True)
+    return world, validation
+
+
+def _model(settings: Settings, work: Path, world: Path) -> Artifact:
+    from training.artifacts import load_artifact
+    from training.base import train_base
+    from training.data import open_dataset
+    from training.encoders import ModelSpec
+    from training.trainer import TrainConfig
+
+    if settings.bootstrap_model:
+        return load_artifact(settings.bootstrap_model)
+    out = work / "v1"
+    if (out / "manifest.json").is_file():
+        return load_artifact(out)  # trained by an interrupted earlier start
+    log.info("training a tiny v1 (%s) for %d steps on CPU/GPU", TINY_OLD.name,
+             settings.bootstrap_steps)
+    cfg = TrainConfig(steps=settings.bootstrap_steps, batch_size=128, lr=5e-4, warmup=0.05)
+    return train_base(ModelSpec.from_json(TINY_OLD), open_dataset(world), cfg, out,
+                      version_id="v1", device=settings.device)
+
+
+def _ingest(settings: Settings, artifact: Artifact, world: Path) -> None:
+    """Embed every image with v1 and upsert it (idempotent by id), with a progress bar."""
+    from tqdm import tqdm
+
+    from training.data import open_dataset
+    from training.versions import load_encoder
+
+    dataset = open_dataset(world)
+    encoder = load_encoder(artifact, artifact.space, settings.device)
+    store = GalleryStore(open_qdrant(settings), serialise=settings.qdrant_url is None)
+    thumbnails = ThumbnailStore.of(settings)
+    try:
+        store.create(GALLERY, int(encoder.embed_dim))
+        for first in tqdm(range(0, len(dataset), BATCH), desc="ingest", unit="batch"):
+            indices = range(first, min(first + BATCH, len(dataset)))
+            images = [dataset.load_image(i) for i in indices]
+            vectors = encoder.encode_images(images)
+            records = [dataset.records[i] for i in indices]
+            store.upsert(GALLERY, [Item(r.id, {"image": vectors[n]}, _payload(r))
+                                   for n, r in enumerate(records)],
+                         artifact.version_id, artifact.space)
+            thumbnails.replace(GALLERY, {r.id: make_thumbnail(images[n])
+                                         for n, r in enumerate(records)})
+    finally:
+        store.close()
+
+
+def _payload(record: object) -> dict[str, str]:
+    payload = {"caption": (getattr(record, "captions", {}).get("en") or [""])[0]}
+    domain = getattr(record, "domain", None)
+    if domain:
+        payload["domain"] = domain
+    return payload

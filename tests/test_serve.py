@@ -1,0 +1,76 @@
+"""`make serve`'s launcher from an empty data directory: the bootstrap (reduced size), the
+embedded worker and the gateway reach a healthy /readyz; a second start reuses it all."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+KEY = "serve-test-key"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def launched(data: Path, port: int, log: Path) -> Iterator[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "NOBACKFILL_DATA_DIR": str(data),
+           "NOBACKFILL_PORT": str(port), "NOBACKFILL_BOOTSTRAP_IMAGES": "40",
+           "NOBACKFILL_BOOTSTRAP_STEPS": "2", "NOBACKFILL_DEVICE": "cpu",
+           "NOBACKFILL_ADMIN_API_KEYS": f'{{"ops": "{KEY}"}}'}
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "service.launch"], cwd=REPO, env=env,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, f"launcher exited early:\n{log.read_text()[-3000:]}"
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
+                    break
+            time.sleep(0.5)
+        else:
+            pytest.fail(f"/readyz never became healthy:\n{log.read_text()[-3000:]}")
+        yield base
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_serve_bootstraps_once_and_answers(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with launched(data, free_port(), tmp_path / "first.log") as base:
+        gallery = httpx.get(f"{base}/v1/galleries/demo", headers={"X-API-Key": KEY}).json()
+        assert gallery["active"] == "v1" and gallery["items"] == 40
+        assert gallery["validation"].endswith("validation")
+        hits = httpx.post(f"{base}/v1/galleries/demo/search",
+                          json={"text": "a red circle", "top_k": 3}).json()
+        assert hits["version"] == "v1" and len(hits["hits"]) == 3
+        thumb = httpx.get(f"{base}/v1/galleries/demo/items/{hits['hits'][0]['id']}/thumbnail")
+        assert thumb.status_code == 200 and thumb.content[:4] == b"\x89PNG"
+    first = (tmp_path / "first.log").read_text()
+    assert "step 1/4" in first and "step 4/4: bootstrap done" in first
+    assert "embedded worker" in first
+    with launched(data, free_port(), tmp_path / "second.log") as base:
+        gallery = httpx.get(f"{base}/v1/galleries/demo", headers={"X-API-Key": KEY}).json()
+        assert gallery["items"] == 40
+    assert "step 1/4" not in (tmp_path / "second.log").read_text()  # reused, not redone
