@@ -43,6 +43,9 @@ def stop(worker: subprocess.Popen) -> None:
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     settings = Settings()
+    if not settings.admin_api_keys:
+        log.warning("no admin key is set, so admin routes (ingest, models, jobs) answer 401; "
+                    "set one: NOBACKFILL_ADMIN_API_KEYS='{\"ops\": \"change-me\"}' make serve")
     bootstrap(settings)
     worker = start_worker()
     try:
