@@ -18,6 +18,7 @@ from service.gallery.store import GalleryStore, Item
 from service.media import decode_image
 from service.runtime.embedder import Embedder
 from service.runtime.serving import Runtime
+from service.thumbnails import ThumbnailStore, make_thumbnail
 
 
 @dataclass(frozen=True)
@@ -41,11 +42,13 @@ async def ingest(runtime: Runtime, store: GalleryStore, settings: Settings, gall
     check_items(items, settings.ingest_max_items)
     serving = runtime.serving(gallery)
     embedder = serving.ready()
-    pixels = await asyncio.to_thread(_prepare_images, embedder, items, settings)
+    pixels, thumbnails = await asyncio.to_thread(_prepare_images, embedder, items, settings)
     vectors = await asyncio.get_running_loop().run_in_executor(
         embedder.lane, _embed, embedder, items, pixels)
     stored = [Item(item.id, vectors[i], item.payload) for i, item in enumerate(items)]
     await asyncio.to_thread(store.upsert, gallery, stored, embedder.version, embedder.space)
+    await asyncio.to_thread(ThumbnailStore.of(settings).replace, gallery,
+                            {item.id: thumbnails.get(n) for n, item in enumerate(items)})
     return Ingested(gallery, embedder.version, embedder.space, len(stored))
 
 
@@ -65,10 +68,12 @@ def check_items(items: Sequence[NewItem], max_items: int) -> None:
             raise InvalidInput(f"item {n} ({item.id!r}) has an empty text")
 
 
-def _prepare_images(embedder: Embedder, items: Sequence[NewItem],
-                    settings: Settings) -> dict[int, torch.Tensor]:
-    """Item index -> [3, H, W] pixels; the error names the item that failed."""
-    pixels = {}
+def _prepare_images(embedder: Embedder, items: Sequence[NewItem], settings: Settings,
+                    ) -> tuple[dict[int, torch.Tensor], dict[int, bytes]]:
+    """Item index -> [3, H, W] pixels, and -> PNG thumbnail (made here so each image is
+    decoded once); the error names the item that failed."""
+    pixels: dict[int, torch.Tensor] = {}
+    thumbnails: dict[int, bytes] = {}
     for n, item in enumerate(items):
         if item.image is None:
             continue
@@ -77,7 +82,8 @@ def _prepare_images(embedder: Embedder, items: Sequence[NewItem],
         except ServiceError as exc:
             raise type(exc)(f"item {n} ({item.id!r}): {exc.message}") from exc
         pixels[n] = embedder.pixels(image)
-    return pixels
+        thumbnails[n] = make_thumbnail(image)
+    return pixels, thumbnails
 
 
 def _embed(embedder: Embedder, items: Sequence[NewItem],

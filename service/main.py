@@ -17,7 +17,7 @@ import training
 from service.api import errors
 from service.api.main import api_router
 from service.api.middleware import ObserveRequests
-from service.api.routes import health
+from service.api.routes import health, web
 from service.core.config import Settings
 from service.core.metrics import Metrics
 from service.gateway import open_gateway
@@ -56,6 +56,7 @@ def create_app(settings: Settings | None = None, load: EncoderLoader | None = No
     errors.install(app)
     app.include_router(api_router)
     app.include_router(health.router)
+    app.include_router(web.router)
     return app
 
 

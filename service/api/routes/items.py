@@ -21,6 +21,7 @@ from service.core.errors import InvalidInput
 from service.gateway import Gateway
 from service.ingest import NewItem, ingest
 from service.media import from_base64
+from service.thumbnails import ThumbnailStore
 
 router = APIRouter(prefix=API_V1 + "/galleries/{gallery}/items", tags=["items"])
 BODY = {"requestBody": {"required": True, "content": {
@@ -66,6 +67,7 @@ def _known(gateway: Gateway, gallery: str) -> None:
 
 async def _delete(gateway: Gateway, gallery: str, ids: list[str]) -> None:
     await asyncio.to_thread(gateway.store.delete, gallery, ids)
+    await asyncio.to_thread(ThumbnailStore.of(gateway.settings).delete, gallery, ids)
 
 
 def _from_json(item: ItemIn, settings: Settings) -> NewItem:

@@ -1,0 +1,548 @@
+// The gateway's page: search, models (lineage, gate reports, promote / roll back) and jobs.
+// Plain ES2020 module, no build step: it talks to the same JSON API as any client, with
+// the API key the person typed (kept in sessionStorage, so it goes away with the tab).
+
+import {
+  ago, el, fmt, galleriesTable, gateBadge, gateOf, gateReport, isActive, lineageTree,
+  progressOf, statusBadge, versionFacts,
+} from "./views.js";
+
+const KEY_STORE = "nobackfill.apiKey";
+const GALLERY_STORE = "nobackfill.gallery";
+const POLL_MS = 1500;
+const $ = (id) => document.getElementById(id);
+
+const state = {
+  tab: "search",
+  galleries: [],
+  versions: [],
+  jobs: [],
+  selected: null,   // version shown in the models detail panel
+  openJob: null,    // job shown in the jobs detail panel
+  pollTimer: null,
+  pollRun: 0,       // bumped on every stop, so a poll still in flight does not re-arm
+  blobs: [],        // object URLs of thumbnails fetched with a key, revoked on re-render
+};
+
+// ------------------------------------------------------------------ API
+
+class ApiError extends Error {
+  constructor(status, code, message) {
+    super(message);
+    this.status = status;
+    this.code = code;
+  }
+}
+
+const apiKey = () => sessionStorage.getItem(KEY_STORE) || "";
+
+/** Call the gateway; a non-2xx answer throws with the server's error message. */
+async function api(path, {method = "GET", json, form} = {}) {
+  const headers = {};
+  if (apiKey()) headers["X-API-Key"] = apiKey();
+  let body;
+  if (json !== undefined) {
+    headers["Content-Type"] = "application/json";
+    body = JSON.stringify(json);
+  } else if (form) {
+    body = form;
+  }
+  const response = await fetch(path, {method, headers, body});
+  const text = await response.text();
+  let data = null;
+  try {
+    data = text ? JSON.parse(text) : null;
+  } catch {
+    data = null;
+  }
+  if (!response.ok) {
+    const err = data && data.error;
+    throw new ApiError(response.status, err?.code ?? "http_error",
+      err?.message ?? `${response.status} ${response.statusText}`);
+  }
+  return data;
+}
+
+const enc = encodeURIComponent;
+
+function setStatus(id, message, kind = "") {
+  const node = $(id);
+  node.textContent = message || "";
+  node.className = `status ${kind}`;
+}
+
+/** Run an async action and show its error (the server's message) in a status line. */
+async function guarded(statusId, action) {
+  try {
+    return await action();
+  } catch (error) {
+    setStatus(statusId, error.message || String(error), "error");
+    return undefined;
+  }
+}
+
+// ------------------------------------------------------------------ key and tabs
+
+function showKeyState() {
+  $("key-state").textContent = apiKey() ? "key set" : "no key";
+  $("api-key").value = "";
+  $("api-key").placeholder = apiKey() ? "•••••• (set)" : "admin or read key";
+}
+
+function setupKey() {
+  $("key-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const key = $("api-key").value.trim();
+    if (key) sessionStorage.setItem(KEY_STORE, key);
+    showKeyState();
+    refreshAll();
+  });
+  $("key-clear").addEventListener("click", () => {
+    sessionStorage.removeItem(KEY_STORE);
+    showKeyState();
+    refreshAll();
+  });
+  showKeyState();
+}
+
+function showTab(name) {
+  state.tab = ["search", "models", "jobs"].includes(name) ? name : "search";
+  for (const section of document.querySelectorAll(".tab")) {
+    section.hidden = section.id !== `tab-${state.tab}`;
+  }
+  for (const link of document.querySelectorAll("nav a")) {
+    link.classList.toggle("current", link.dataset.tab === state.tab);
+  }
+  stopPolling();
+  if (state.tab === "models") loadModels();
+  if (state.tab === "jobs") startPolling();
+}
+
+function refreshAll() {
+  loadGalleries();
+  showTab(state.tab);
+}
+
+/** Galleries for the pickers (admin only; a reader types the name instead). */
+async function loadGalleries() {
+  if (!apiKey()) return;
+  try {
+    state.galleries = await api("/v1/galleries");
+  } catch {
+    return;  // a read key cannot list galleries: the text box still works
+  }
+  $("gallery-options").replaceChildren(...state.galleries.map((g) =>
+    el("option", {value: g.name}, `${g.name} (space ${g.space}, active ${g.active})`)));
+  const input = $("gallery");
+  if (!input.value && state.galleries.length) input.value = state.galleries[0].name;
+}
+
+// ------------------------------------------------------------------ search
+
+function setupSearch() {
+  const input = $("gallery");
+  input.value = localStorage.getItem(GALLERY_STORE) || "";
+  $("search-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    runSearch();
+  });
+  $("query-image").addEventListener("change", () => {
+    if ($("query-image").files.length) {
+      $("query-text").value = "";
+      runSearch();
+    }
+    showPreview();
+  });
+  $("query-text").addEventListener("input", () => {
+    if ($("query-text").value && $("query-image").files.length) clearImage();
+  });
+  $("query-image-clear").addEventListener("click", clearImage);
+  setupDrop($("search-form"));
+}
+
+function clearImage() {
+  $("query-image").value = "";
+  showPreview();
+}
+
+function showPreview() {
+  const file = $("query-image").files[0];
+  const preview = $("query-preview");
+  if (preview.src.startsWith("blob:")) URL.revokeObjectURL(preview.src);
+  preview.hidden = !file;
+  $("query-image-clear").hidden = !file;
+  preview.src = file ? URL.createObjectURL(file) : "";
+}
+
+/** Dropping an image file on the search form searches with it. */
+function setupDrop(zone) {
+  zone.addEventListener("dragover", (event) => {
+    event.preventDefault();
+    zone.classList.add("dropping");
+  });
+  zone.addEventListener("dragleave", () => zone.classList.remove("dropping"));
+  zone.addEventListener("drop", (event) => {
+    event.preventDefault();
+    zone.classList.remove("dropping");
+    const files = event.dataTransfer?.files;
+    if (!files || !files.length) return;
+    const transfer = new DataTransfer();
+    transfer.items.add(files[0]);
+    $("query-image").files = transfer.files;
+    $("query-image").dispatchEvent(new Event("change"));
+  });
+}
+
+/** The request of the form: multipart with the image file, or JSON with the text. */
+function searchRequest() {
+  const file = $("query-image").files[0];
+  const topK = Number.parseInt($("top-k").value, 10) || 10;
+  const kind = $("kind").value;
+  if (file) {
+    const form = new FormData();
+    form.append("image", file, file.name);
+    form.append("top_k", String(topK));
+    form.append("kind", kind);
+    return {form};
+  }
+  const text = $("query-text").value.trim();
+  if (!text) throw new Error("Type a text or choose an image to search with.");
+  return {json: {text, top_k: topK, kind}};
+}
+
+async function runSearch() {
+  const gallery = $("gallery").value.trim();
+  if (!gallery) {
+    setStatus("search-status", "Pick or type a gallery name.", "error");
+    return;
+  }
+  localStorage.setItem(GALLERY_STORE, gallery);
+  setStatus("search-status", "Searching…");
+  await guarded("search-status", async () => {
+    const request = searchRequest();
+    const started = performance.now();
+    const answer = await api(`/v1/galleries/${enc(gallery)}/search`,
+      {method: "POST", ...request});
+    const ms = performance.now() - started;
+    setStatus("search-status", "");
+    renderAnswer(answer, ms);
+  });
+}
+
+function renderAnswer(answer, ms) {
+  const pair = (label, value) => el("span", {class: "pair"}, el("span", {class: "muted"}, label),
+    " ", el("strong", {"data-field": label}, value ?? "?"));
+  $("search-meta").replaceChildren(
+    pair("gallery", answer.gallery), pair("version", answer.version),
+    pair("route", answer.route), pair("space", answer.space), pair("kind", answer.kind),
+    el("span", {class: "muted"}, `${answer.hits.length} hits in ${Math.round(ms)} ms`));
+  for (const url of state.blobs) URL.revokeObjectURL(url);
+  state.blobs = [];
+  const cards = answer.hits.map((hit, rank) => hitCard(answer, hit, rank));
+  $("results").replaceChildren(...(cards.length ? cards
+    : [el("p", {class: "muted"}, "No hits: the gallery has no items of this kind.")]));
+}
+
+function hitCard(answer, hit, rank) {
+  const img = el("img", {class: "thumb", alt: hit.id, width: 96, height: 96, loading: "lazy"});
+  loadThumbnail(img, `/v1/galleries/${enc(answer.gallery)}/items/${enc(hit.id)}/thumbnail`);
+  const payload = Object.entries(hit.payload || {}).slice(0, 3)
+    .map(([k, v]) => el("div", {class: "small muted ellipsis"}, `${k}: ${fmt(v)}`));
+  return el("figure", {class: "card", "data-id": hit.id},
+    el("div", {class: "thumb-box"}, img),
+    el("figcaption", {},
+      el("div", {class: "score"}, el("span", {class: "muted small"}, `#${rank + 1}`),
+        " ", hit.score.toFixed(4)),
+      el("div", {class: "ellipsis", title: hit.id}, hit.id),
+      hit.version !== answer.version
+        ? el("div", {class: "small muted"}, `embedded by ${hit.version}`) : null,
+      payload));
+}
+
+/** Plain src when no key is needed; with a key, fetch it (img tags cannot send headers). */
+async function loadThumbnail(img, url) {
+  const missing = () => img.closest(".thumb-box")?.classList.add("missing");
+  img.addEventListener("error", missing);
+  if (!apiKey()) {
+    img.src = url;
+    return;
+  }
+  try {
+    const response = await fetch(url, {headers: {"X-API-Key": apiKey()}});
+    if (!response.ok) throw new Error(String(response.status));
+    const blobUrl = URL.createObjectURL(await response.blob());
+    state.blobs.push(blobUrl);
+    img.src = blobUrl;
+  } catch {
+    missing();
+  }
+}
+
+// ------------------------------------------------------------------ models
+
+/** Versions and galleries; ``quiet`` keeps the status line (e.g. "v2 now serves ..."). */
+async function loadModels(quiet = false) {
+  if (!apiKey()) {
+    setStatus("models-status", "Models and jobs are admin views: enter an admin key above.",
+      "error");
+    return;
+  }
+  if (!quiet) setStatus("models-status", "Loading…");
+  await guarded("models-status", async () => {
+    const [versions, galleries] = await Promise.all([api("/v1/models"), api("/v1/galleries")]);
+    state.versions = versions;
+    state.galleries = galleries;
+    if (!state.selected || !versions.some((v) => v.version_id === state.selected)) {
+      state.selected = galleries[0]?.active ?? versions[0]?.version_id ?? null;
+    }
+    if (!quiet) setStatus("models-status", "");
+    renderModels();
+  });
+}
+
+function renderModels() {
+  $("galleries").replaceChildren(galleriesTable(state.galleries));
+  $("lineage").replaceChildren(lineageTree(state.versions, state.galleries, state.selected,
+    (id) => {
+      state.selected = id;
+      renderModels();
+    }));
+  $("version-options").replaceChildren(...state.versions.map((v) =>
+    el("option", {value: v.version_id})));
+  const version = state.versions.find((v) => v.version_id === state.selected);
+  $("version-detail").replaceChildren(version ? versionDetail(version)
+    : el("p", {class: "muted"}, "Pick a version."));
+}
+
+function versionDetail(version) {
+  const id = version.version_id;
+  return el("div", {},
+    el("h2", {}, `Version ${id} `, gateBadge(gateOf(version))),
+    versionFacts(version),
+    swapForm(id),
+    el("h3", {}, "Gate report"),
+    gateReport(gateOf(version)));
+}
+
+/** Promote the version into a gallery, or roll the gallery back to it. */
+function swapForm(versionId) {
+  const gallery = el("select", {name: "gallery"}, state.galleries.map((g) =>
+    el("option", {value: g.name}, `${g.name} (active ${g.active})`)));
+  const reason = el("input", {name: "reason", placeholder: "reason"});
+  const force = el("input", {type: "checkbox", name: "force"});
+  const act = (action) => swap(action, versionId, gallery.value, reason.value.trim(),
+    force.checked, "models-status").then(() => loadModels(true));
+  return el("div", {class: "swap"},
+    el("label", {}, "Gallery ", gallery), reason,
+    el("label", {class: "check"}, force, " force (skip the gate)"),
+    el("button", {type: "button", class: "primary", onclick: () => act("promote")},
+      `Promote ${versionId}`),
+    el("button", {type: "button", onclick: () => act("rollback")}, `Roll back to ${versionId}`));
+}
+
+async function swap(action, versionId, gallery, reason, force, statusId) {
+  if (!gallery) {
+    setStatus(statusId, "Pick a gallery.", "error");
+    return;
+  }
+  const body = action === "promote" ? {gallery, force, reason: reason || null}
+    : {gallery, reason: reason || null};
+  await guarded(statusId, async () => {
+    const record = await api(`/v1/models/${enc(versionId)}/${action}`,
+      {method: "POST", json: body});
+    setStatus(statusId, `${record.name} is now served by ${record.active}.`, "ok");
+  });
+}
+
+// ------------------------------------------------------------------ jobs
+
+function setupJobs() {
+  const form = $("job-form");
+  const sync = () => {
+    const kind = form.elements["job-kind"].value;
+    for (const part of form.querySelectorAll("[data-kind]")) {
+      part.hidden = part.dataset.kind !== kind;
+    }
+    const from = form.elements.new_from.value;
+    for (const part of form.querySelectorAll("[data-new]")) part.hidden = part.dataset.new !== from;
+  };
+  form.addEventListener("change", sync);
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    startJob(form);
+  });
+  sync();
+}
+
+/** A field's text; empty is undefined, so the server's default (or its error) applies. */
+const field = (form, name) => form.elements[name].value.trim() || undefined;
+const optionalInt = (form, name) => {
+  const n = Number.parseInt(field(form, name) ?? "", 10);
+  return Number.isFinite(n) ? n : undefined;
+};
+
+/** The POST /v1/jobs body of the form; empty optional numbers are left to the server. */
+function jobBody(form) {
+  const kind = form.elements["job-kind"].value;
+  let params;
+  if (kind === "continual") {
+    params = {method: field(form, "method"), data: field(form, "data"),
+      domain: field(form, "domain") ?? null, language: field(form, "language") ?? null,
+      steps: optionalInt(form, "steps"), batch_size: optionalInt(form, "batch_size")};
+  } else {
+    const from = form.elements.new_from.value;
+    const model = from === "version" ? {version: field(form, "new_version")}
+      : from === "arch" ? {arch: field(form, "arch"), pretrained: field(form, "pretrained")}
+        : {model_config: field(form, "model_config")};
+    params = {new: model, corpus: field(form, "corpus"), pairs: field(form, "pairs"),
+      steps: optionalInt(form, "xbt_steps")};
+  }
+  return {kind, gallery: field(form, "gallery") ?? "",
+    auto_promote: form.elements.auto_promote.checked,
+    params: JSON.parse(JSON.stringify(params))};  // drops the undefined fields
+}
+
+async function startJob(form) {
+  await guarded("jobs-status", async () => {
+    const job = await api("/v1/jobs", {method: "POST", json: jobBody(form)});
+    setStatus("jobs-status", `Started ${job.kind} job ${job.id}.`, "ok");
+    state.openJob = job.id;
+    await pollJobs();
+  });
+}
+
+function startPolling() {
+  if (!apiKey()) {
+    setStatus("jobs-status", "Models and jobs are admin views: enter an admin key above.",
+      "error");
+    return;
+  }
+  const form = $("job-form");
+  if (!form.elements.gallery.value) form.elements.gallery.value = $("gallery").value;
+  if (!state.versions.length) {
+    api("/v1/models").then((v) => {
+      state.versions = v;
+      $("version-options").replaceChildren(...v.map((x) => el("option", {value: x.version_id})));
+    }).catch(() => {});
+  }
+  const run = state.pollRun;
+  const tick = async () => {
+    if (!document.hidden) await pollJobs();
+    if (run === state.pollRun) state.pollTimer = setTimeout(tick, POLL_MS);
+  };
+  tick();
+}
+
+function stopPolling() {
+  state.pollRun += 1;
+  clearTimeout(state.pollTimer);
+  state.pollTimer = null;
+}
+
+async function pollJobs() {
+  try {
+    const [jobs, galleries] = await Promise.all([api("/v1/jobs"), api("/v1/galleries")]);
+    state.jobs = Array.isArray(jobs) ? jobs : (jobs?.jobs ?? jobs?.items ?? []);
+    state.galleries = galleries;
+    $("jobs-polled").textContent = `updated ${new Date().toLocaleTimeString()}`;
+    renderJobs();
+  } catch (error) {
+    const missing = error.status === 404 || error.status === 405;
+    setStatus("jobs-status", missing ? "This gateway has no jobs API yet." : error.message,
+      "error");
+  }
+}
+
+function renderJobs() {
+  const jobs = [...state.jobs].sort((a, b) => String(b.created_at).localeCompare(
+    String(a.created_at)));
+  $("jobs").replaceChildren(jobs.length ? el("table", {class: "data jobs"},
+    el("thead", {}, el("tr", {}, ["job", "gallery", "status", "progress", "result", "started",
+      ""].map((h) => el("th", {}, h)))),
+    el("tbody", {}, jobs.map(jobRow))) : el("p", {class: "muted"}, "No jobs yet."));
+  const open = state.jobs.find((j) => j.id === state.openJob);
+  $("job-detail").replaceChildren(...(open ? [jobDetail(open)] : []));
+}
+
+function jobRow(job) {
+  return el("tr", {"data-job": job.id, class: job.id === state.openJob ? "selected" : ""},
+    el("td", {}, el("button", {type: "button", class: "link", onclick: () => {
+      state.openJob = job.id;
+      renderJobs();
+    }}, String(job.id).slice(0, 8)), " ", el("span", {class: "muted small"}, job.kind)),
+    el("td", {}, job.gallery),
+    el("td", {}, statusBadge(job.status)),
+    el("td", {}, progressOf(job)),
+    el("td", {}, job.version ?? "", " ", job.gate ? gateBadge(job.gate) : null,
+      job.error ? el("div", {class: "bad-text small"}, job.error) : null),
+    el("td", {class: "small muted"}, ago(job.started_at || job.created_at)),
+    el("td", {class: "actions"}, jobActions(job)));
+}
+
+/** Cancel while it runs; once it produced a version: promote it, or roll the gallery back. */
+function jobActions(job) {
+  const buttons = [];
+  if (isActive(job)) {
+    buttons.push(el("button", {type: "button", onclick: () => cancelJob(job.id)}, "Cancel"));
+  }
+  const gallery = state.galleries.find((g) => g.name === job.gallery);
+  if (job.status === "succeeded" && job.version && gallery) {
+    if (gallery.active === job.version) {
+      const previous = previousOf(gallery, job.version);
+      if (previous) {
+        buttons.push(el("button", {type: "button", onclick: () =>
+          swap("rollback", previous, gallery.name, `undo job ${job.id}`, false, "jobs-status")
+            .then(pollJobs)}, `Roll back to ${previous}`));
+      }
+    } else {
+      buttons.push(el("button", {type: "button", class: "primary", onclick: () =>
+        swap("promote", job.version, gallery.name, `job ${job.id}`, false, "jobs-status")
+          .then(pollJobs)}, `Promote ${job.version}`));
+    }
+  }
+  return buttons;
+}
+
+/** The version that served the gallery before ``version`` was last made active. */
+function previousOf(gallery, version) {
+  const history = Array.isArray(gallery.history) ? gallery.history : [];
+  for (let i = history.length - 1; i >= 0; i -= 1) {
+    if (history[i].version === version) return history[i].previous || null;
+  }
+  return null;
+}
+
+async function cancelJob(id) {
+  await guarded("jobs-status", async () => {
+    await api(`/v1/jobs/${enc(id)}`, {method: "DELETE"});
+    setStatus("jobs-status", `Asked job ${id} to stop.`, "ok");
+    await pollJobs();
+  });
+}
+
+function jobDetail(job) {
+  const times = [["created", job.created_at], ["started", job.started_at],
+    ["ended", job.ended_at]].filter(([, t]) => t).map(([k, t]) => `${k} ${t}`).join(" · ");
+  return el("div", {},
+    el("h3", {}, `Job ${job.id} `, statusBadge(job.status)),
+    el("p", {class: "small muted"}, `${job.kind} on ${job.gallery}`,
+      job.auto_promote ? " · promotes when the gate passes" : "", times ? ` · ${times}` : ""),
+    job.error ? el("pre", {class: "raw bad-text"}, job.error) : null,
+    job.gate !== undefined && job.gate !== null ? [el("h4", {}, "Gate report"),
+      gateReport(job.gate)] : null,
+    el("details", {}, el("summary", {}, "raw job"),
+      el("pre", {class: "raw"}, JSON.stringify(job, null, 2))));
+}
+
+// ------------------------------------------------------------------ start
+
+function main() {
+  setupKey();
+  setupSearch();
+  setupJobs();
+  window.addEventListener("hashchange", () => showTab(location.hash.slice(1)));
+  loadGalleries();
+  showTab(location.hash.slice(1) || "search");
+}
+
+main();

@@ -1,0 +1,309 @@
+// Pure DOM renderers for the gateway page: they take API data and return elements, and
+// never fetch. Everything the server sends is put in as text (never innerHTML), and every
+// field is read defensively: gate reports are free-form JSON written by training jobs.
+
+/** Build an element: el("td", {class: "x", onclick: fn}, "text", child, [more]). */
+export function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(attrs || {})) {
+    if (value === undefined || value === null || value === false) continue;
+    if (name.startsWith("on") && typeof value === "function") {
+      node.addEventListener(name.slice(2), value);
+    } else if (name === "class") {
+      node.className = value;
+    } else if (name === "style" && typeof value === "object") {
+      Object.assign(node.style, value);
+    } else {
+      node.setAttribute(name, value === true ? "" : String(value));
+    }
+  }
+  appendAll(node, children);
+  return node;
+}
+
+function appendAll(node, children) {
+  for (const child of children.flat(Infinity)) {
+    if (child === null || child === undefined || child === false) continue;
+    node.append(child instanceof Node ? child : String(child));
+  }
+}
+
+const isObject = (v) => v !== null && typeof v === "object" && !Array.isArray(v);
+const isNumber = (v) => typeof v === "number" && Number.isFinite(v);
+
+/** A number with 3 decimals; anything else as short text; missing as a dash. */
+export function fmt(value) {
+  if (isNumber(value)) return Number.isInteger(value) ? String(value) : value.toFixed(3);
+  if (value === null || value === undefined) return "–";
+  if (typeof value === "object") return JSON.stringify(value);
+  return String(value);
+}
+
+/** "3 min ago"-style age of an ISO time, for tables people scan. */
+export function ago(iso) {
+  const t = Date.parse(iso);
+  if (!iso || Number.isNaN(t)) return "";
+  const s = Math.max(0, Math.round((Date.now() - t) / 1000));
+  if (s < 60) return `${s}s ago`;
+  if (s < 3600) return `${Math.round(s / 60)} min ago`;
+  if (s < 86400) return `${Math.round(s / 3600)} h ago`;
+  return new Date(t).toLocaleDateString();
+}
+
+export function badge(text, kind = "") {
+  return el("span", {class: `badge ${kind}`}, text);
+}
+
+/** The gate verdict of a report: passed / failed / none. */
+export function gateBadge(gate) {
+  if (!isObject(gate) || typeof gate.passed !== "boolean") return badge("no gate", "none");
+  return gate.passed ? badge("gate passed", "ok") : badge("gate failed", "bad");
+}
+
+/** A version's gate report: the record's, else the one in its manifest. */
+export function gateOf(version) {
+  return version?.gate ?? version?.manifest?.gate ?? null;
+}
+
+// ------------------------------------------------------------------ galleries
+
+export function galleriesTable(galleries) {
+  if (!galleries.length) return el("p", {class: "muted"}, "No galleries yet.");
+  const rows = galleries.map((g) => el("tr", {"data-gallery": g.name},
+    el("td", {}, el("strong", {}, g.name)),
+    el("td", {}, g.space),
+    el("td", {class: "active-version"}, badge(g.active, "active")),
+    el("td", {}, servingText(g.serving)),
+    el("td", {class: "small"}, lastEvent(g.history))));
+  return el("table", {class: "data"},
+    el("thead", {}, el("tr", {}, ["gallery", "space", "active", "this replica serves",
+      "last change"].map((h) => el("th", {}, h)))),
+    el("tbody", {}, rows));
+}
+
+function servingText(serving) {
+  if (!isObject(serving)) return el("span", {class: "muted"}, "not loaded here");
+  if (serving.problem) return el("span", {class: "bad-text"}, serving.problem);
+  return `${serving.version ?? "?"} via ${serving.route ?? "?"}`;
+}
+
+function lastEvent(history) {
+  if (!Array.isArray(history) || !history.length) return "";
+  const e = history[history.length - 1];
+  const from = e.previous ? ` (from ${e.previous})` : "";
+  return `${e.action} ${e.version}${from} by ${e.by}, ${ago(e.at)}` +
+    (e.reason ? ` — ${e.reason}` : "");
+}
+
+// ------------------------------------------------------------------ lineage
+
+/** Versions as a tree by manifest parent; a parent that is not registered starts a root. */
+export function lineageTree(versions, galleries, selected, onSelect) {
+  const byId = new Map(versions.map((v) => [v.version_id, v]));
+  const children = new Map();
+  const roots = [];
+  for (const v of versions) {
+    const parent = v.manifest?.parent;
+    if (parent && byId.has(parent) && parent !== v.version_id) {
+      if (!children.has(parent)) children.set(parent, []);
+      children.get(parent).push(v);
+    } else {
+      roots.push(v);
+    }
+  }
+  const activeIn = new Map();
+  for (const g of galleries) {
+    if (!activeIn.has(g.active)) activeIn.set(g.active, []);
+    activeIn.get(g.active).push(g.name);
+  }
+  const seen = new Set();
+  const branch = (list) => el("ul", {class: "tree"}, list.map((v) => {
+    if (seen.has(v.version_id)) return null;  // a cycle in bad manifests: show once
+    seen.add(v.version_id);
+    const kids = children.get(v.version_id) || [];
+    const parent = v.manifest?.parent;
+    const lost = parent && !byId.has(parent) ? parent : null;
+    return el("li", {}, versionNode(v, activeIn.get(v.version_id) || [],
+      v.version_id === selected, onSelect, lost), kids.length ? branch(kids) : null);
+  }));
+  if (!versions.length) return el("p", {class: "muted"}, "No versions registered.");
+  return branch(roots);
+}
+
+function versionNode(v, activeGalleries, isSelected, onSelect, lostParent) {
+  const m = v.manifest || {};
+  return el("button", {type: "button", class: `node${isSelected ? " selected" : ""}`,
+    "data-version": v.version_id, onclick: () => onSelect(v.version_id)},
+  el("strong", {}, v.version_id),
+  m.kind ? badge(m.kind, "kind") : null,
+  el("span", {class: "muted small"}, ` space ${v.space}`),
+  gateBadge(gateOf(v)),
+  activeGalleries.map((g) => badge(`active: ${g}`, "active")),
+  lostParent ? el("span", {class: "muted small"}, ` from ${lostParent} (not registered)`) : null);
+}
+
+/** Key facts of a version for the detail panel. */
+export function versionFacts(v) {
+  const m = v.manifest || {};
+  const spec = m.model_spec || {};
+  const model = spec.arch ? `${spec.arch}${spec.pretrained ? ` / ${spec.pretrained}` : ""}`
+    : (spec.config ? "config" : null);
+  const facts = [
+    ["kind", m.kind], ["parent", m.parent ?? "none"], ["space", v.space],
+    ["routes", Array.isArray(v.routes) ? v.routes.join(", ") : v.routes],
+    ["model", model], ["embed dim", m.embed_dim], ["created", m.created_at],
+    ["registered", `${v.registered_at ?? ""} by ${v.registered_by ?? "?"}`],
+  ];
+  return definitionList(facts.filter(([, value]) => value !== undefined && value !== null));
+}
+
+function definitionList(pairs) {
+  return el("dl", {class: "facts"}, pairs.map(([k, v]) => [el("dt", {}, k),
+    el("dd", {}, isObject(v) || Array.isArray(v) ? el("code", {}, JSON.stringify(v)) : fmt(v))]));
+}
+
+// ------------------------------------------------------------------ gate report
+
+/** The whole gate report: verdict, criterion, other fields, matrix table + heatmap, raw. */
+export function gateReport(gate) {
+  if (gate === null || gate === undefined) {
+    return el("p", {class: "muted"}, "No gate report: this version was registered without one.");
+  }
+  if (!isObject(gate)) return el("pre", {class: "raw"}, JSON.stringify(gate, null, 2));
+  const known = ["passed", "criterion", "matrix"];
+  const extra = Object.entries(gate).filter(([k]) => !known.includes(k));
+  return el("div", {class: "gate"},
+    el("p", {}, gateBadge(gate)),
+    isObject(gate.criterion) ? [el("h4", {}, "Criterion"),
+      definitionList(Object.entries(gate.criterion))] : null,
+    extra.length ? [el("h4", {}, "Details"), definitionList(extra)] : null,
+    isObject(gate.matrix) ? compatibility(gate.matrix) : null,
+    el("details", {}, el("summary", {}, "raw report"),
+      el("pre", {class: "raw"}, JSON.stringify(gate, null, 2))));
+}
+
+/** Metric names present in a matrix: "t2i R@1", "i2t mAP@10", "rm" ... in a stable order. */
+export function matrixMetrics(cells) {
+  const names = new Set();
+  for (const row of Object.values(isObject(cells) ? cells : {})) {
+    for (const cell of Object.values(isObject(row) ? row : {})) {
+      if (!isObject(cell)) continue;
+      for (const [key, value] of Object.entries(cell)) {
+        if (isNumber(value)) names.add(key);
+        if (isObject(value)) {
+          for (const [m, x] of Object.entries(value)) if (isNumber(x)) names.add(`${key} ${m}`);
+        }
+      }
+    }
+  }
+  const order = (n) => (n.startsWith("t2i") ? 0 : n.startsWith("i2t") ? 1 : 2);
+  return [...names].sort((a, b) => order(a) - order(b) || a.localeCompare(b, "en",
+    {numeric: true}));
+}
+
+export function metricValue(cell, metric) {
+  if (!isObject(cell)) return null;
+  const [first, second] = metric.split(" ");
+  const value = second === undefined ? cell[first] : cell[first]?.[second];
+  return isNumber(value) ? value : null;
+}
+
+function matrixModels(matrix, cells) {
+  if (Array.isArray(matrix.models) && matrix.models.length) return matrix.models.map(String);
+  const ids = new Set(Object.keys(cells));
+  for (const row of Object.values(cells)) {
+    if (isObject(row)) Object.keys(row).forEach((k) => ids.add(k));
+  }
+  return [...ids];
+}
+
+/** The compatibility matrix twice: numbers in a table, and a heatmap of one metric. */
+export function compatibility(matrix) {
+  const cells = isObject(matrix.cells) ? matrix.cells : {};
+  const models = matrixModels(matrix, cells);
+  const metrics = matrixMetrics(cells);
+  if (!models.length) return el("p", {class: "muted"}, "The matrix is empty.");
+  const cellOf = (q, g) => (isObject(cells[q]) ? cells[q][g] : undefined);
+  const shown = metrics.filter((m) => /R@1$|^rm$/.test(m));
+  const table = grid(models, (q, g) => {
+    const cell = cellOf(q, g);
+    if (cell === null) return el("td", {class: "na"}, "no route");
+    if (!isObject(cell)) return el("td", {class: "na"}, "–");
+    return el("td", {}, (shown.length ? shown : metrics.slice(0, 3)).map((m) =>
+      el("div", {class: "small"}, `${m} `, el("strong", {}, fmt(metricValue(cell, m))))));
+  });
+  const holder = el("div", {class: "heatmap-holder"});
+  const pick = el("select", {class: "metric", onchange: () => draw(pick.value)},
+    metrics.map((m) => el("option", {value: m}, m)));
+  const draw = (metric) => holder.replaceChildren(heatmap(models, cellOf, metric));
+  if (metrics.length) {
+    pick.value = metrics.includes("t2i R@1") ? "t2i R@1" : metrics[0];
+    draw(pick.value);
+  }
+  return el("div", {class: "matrix"},
+    el("h4", {}, "Compatibility matrix ", el("span", {class: "muted small"},
+      "rows: query version (through its route), columns: gallery version")),
+    table,
+    metrics.length ? [el("h4", {}, "Heatmap of ", pick), holder] : null);
+}
+
+function grid(models, cellFor) {
+  return el("table", {class: "data matrix-table"},
+    el("thead", {}, el("tr", {}, el("th", {}, "query \\ gallery"),
+      models.map((g) => el("th", {}, g)))),
+    el("tbody", {}, models.map((q) => el("tr", {}, el("th", {}, q),
+      models.map((g) => cellFor(q, g))))));
+}
+
+function heatmap(models, cellOf, metric) {
+  const values = [];
+  for (const q of models) for (const g of models) {
+    const v = metricValue(cellOf(q, g), metric);
+    if (v !== null) values.push(v);
+  }
+  const unit = values.every((v) => v >= 0 && v <= 1);
+  const lo = unit ? 0 : Math.min(...values);
+  const hi = unit ? 1 : Math.max(...values);
+  const table = grid(models, (q, g) => {
+    const v = metricValue(cellOf(q, g), metric);
+    if (v === null) return el("td", {class: "heat na", title: `${q} → ${g}: none`}, "·");
+    const t = hi > lo ? (v - lo) / (hi - lo) : 1;
+    return el("td", {class: "heat", title: `${q} → ${g}: ${metric} ${fmt(v)}`,
+      style: {background: heatColour(t), color: t > 0.55 ? "#fff" : "#111"}}, fmt(v));
+  });
+  table.classList.add("heatmap");
+  return el("div", {}, table, el("div", {class: "legend small muted"},
+    el("span", {class: "swatch", style: {background: heatColour(0)}}), ` ${fmt(lo)} `,
+    el("span", {class: "swatch", style: {background: heatColour(1)}}), ` ${fmt(hi)}`));
+}
+
+/** Light yellow (0) through teal to dark blue (1): readable and colour-blind safe. */
+export function heatColour(t) {
+  const x = Math.min(1, Math.max(0, t));
+  const hue = 55 + x * 170;
+  const light = 90 - x * 60;
+  return `hsl(${hue.toFixed(0)}, 70%, ${light.toFixed(0)}%)`;
+}
+
+// ------------------------------------------------------------------ jobs
+
+const ACTIVE = new Set(["queued", "running"]);
+export const isActive = (job) => ACTIVE.has(job?.status);
+
+/** Progress of a job as a bar plus "stage · step/total · loss · eta". */
+export function progressOf(job) {
+  const p = isObject(job.progress) ? job.progress : {};
+  const bar = isNumber(p.total) && p.total > 0 && isNumber(p.step)
+    ? el("progress", {max: p.total, value: Math.min(p.step, p.total)})
+    : (isActive(job) ? el("progress", {}) : null);
+  const parts = [p.stage, isNumber(p.step) ? `${p.step}/${fmt(p.total)}` : null,
+    isNumber(p.loss) ? `loss ${p.loss.toFixed(4)}` : null,
+    isNumber(p.eta_s) && isActive(job) ? `eta ${Math.round(p.eta_s)}s` : null].filter(Boolean);
+  return el("div", {class: "progress"}, bar, el("span", {class: "small muted"}, parts.join(" · ")));
+}
+
+export function statusBadge(status) {
+  const kind = {succeeded: "ok", failed: "bad", cancelled: "none", running: "run",
+    queued: "none"}[status] || "";
+  return badge(status ?? "?", kind);
+}

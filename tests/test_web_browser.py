@@ -1,0 +1,385 @@
+"""The web page in a real browser: headless Chromium (Debian's ``chromium`` package) driven
+by Playwright against a real gateway (uvicorn on a free port, tiny random-init models).
+
+It checks what a person would: a text search and an image upload show result
+thumbnails that actually loaded, the models page shows the lineage, the active version
+and a gate report's heatmap, promote / roll back work from the page, and the jobs form
+sends the jobs API's contract and shows live progress (the jobs API is mocked in the
+browser here, so this test does not depend on a worker).
+
+Set NOBACKFILL_WEB_SCREENSHOTS=dir to keep a full-page screenshot of each test.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import pytest
+import torch
+from conftest import ADMIN, ADMIN_KEY, MICRO_CONFIG, MICRO_PREPROCESS
+from PIL import Image
+
+try:
+    from playwright.sync_api import expect, sync_playwright
+except ImportError:  # reported by require_browser() as a failure, not a collection error
+    expect = sync_playwright = None  # type: ignore[assignment]
+
+from training.data import generate_items, render
+from training.encoders import ModelSpec
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+ITEMS = generate_items(16, seed=21, languages=("en",))
+ODD_ID = "odd/id 100% ü"  # a slash, a percent sign and non-ASCII, all through real URLs
+TIMEOUT_MS = 10_000
+
+
+def cell(t2i: float, i2t: float) -> dict[str, Any]:
+    return {"t2i": {"R@1": t2i, "R@5": min(1.0, t2i + 0.1)},
+            "i2t": {"R@1": i2t, "R@5": min(1.0, i2t + 0.1)}, "rm": (t2i + i2t) / 2}
+
+
+# A gate report as training jobs write it: the page must draw its matrix.
+GATE = {"passed": True, "criterion": {"metric": "R@1", "margin": 0.0, "retention_limit": 0.02},
+        "matrix": {"models": ["v1", "v1.1", "v3"], "cells": {
+            "v1": {"v1": cell(0.80, 0.70), "v1.1": cell(0.78, 0.69), "v3": None},
+            "v1.1": {"v1": cell(0.85, 0.75), "v1.1": cell(0.88, 0.79), "v3": None},
+            "v3": {"v1": None, "v1.1": None, "v3": cell(0.92, 0.90)}}}}
+
+
+@dataclass(frozen=True)
+class Live:
+    url: str
+    first_png: Path  # the rendered image of ITEMS[0], as ingested
+
+
+def png(image: Image.Image) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def child_version(root: Path, version_id: str, parent: str, seed: int,
+                  gate: dict[str, Any]) -> Path:
+    """A micro artifact trained "from" ``parent`` (random weights; only the lineage matters)."""
+    from training.artifacts import WEIGHTS, model_state, write_artifact
+    from training.encoders import create_model
+
+    spec = ModelSpec(config=json.loads(json.dumps(MICRO_CONFIG)),
+                     preprocess=dict(MICRO_PREPROCESS))
+    torch.manual_seed(seed)
+    manifest = {"version_id": version_id, "space": "v1", "model_spec": spec.to_dict(),
+                "embed_dim": 32, "kind": "continual", "parent": parent, "gate": gate}
+    return write_artifact(root / version_id, manifest,
+                          {WEIGHTS: model_state(create_model(spec))}).path
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory, micro_versions: dict[str, Path]) -> Iterator[Live]:
+    """A gateway on a free port: v1 -> v1.1 -> v1.2 and v3 registered, gallery 'shapes'
+    (space v1, served by v1) holding 16 synthetic image+caption items and one odd id."""
+    import uvicorn
+
+    from service.core.config import Settings
+    from service.main import create_app
+    from service.registry import Registry
+
+    root = tmp_path_factory.mktemp("web")
+    settings = Settings(data_dir=root / "data", qdrant_path=":memory:",
+                        admin_api_keys={"ops": ADMIN_KEY}, registry_poll_interval_s=0.2,
+                        access_log=False)
+    registry = Registry(settings.registry_dir)
+    for vid in ("v1", "v3"):
+        registry.register(micro_versions[vid], by="fixture")
+    registry.register(child_version(root / "art", "v1.1", "v1", 11, GATE), by="fixture")
+    registry.register(child_version(root / "art", "v1.2", "v1.1", 12, {"passed": False}),
+                      by="fixture")
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port,
+                                           log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, name="web-test-gateway", daemon=True)
+    thread.start()
+    try:
+        _wait_started(server, thread)
+        url = f"http://127.0.0.1:{port}"
+        first_png = root / "query.png"
+        first_png.write_bytes(png(render(ITEMS[0], 64)))
+        _fill_gallery(url)
+        yield Live(url, first_png)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
+
+
+def _wait_started(server: Any, thread: threading.Thread) -> None:
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive(), "the gateway thread died while starting (see the log)"
+        assert time.monotonic() < deadline, "the gateway did not start in 30 s"
+        time.sleep(0.05)
+
+
+def _fill_gallery(url: str) -> None:
+    items = [{"id": it.id, "text": it.captions["en"][0],
+              "image_base64": b64(png(render(it, 64))),
+              "payload": {"domain": it.domain, "shape": it.attributes.get("shape", "")}}
+             for it in ITEMS]
+    items.append({"id": ODD_ID, "image_base64": b64(png(Image.new("RGB", (50, 30), "gold")))})
+    with httpx.Client(base_url=url, headers=ADMIN, timeout=30) as http:
+        r = http.post("/v1/galleries", json={"name": "shapes", "space": "v1", "version": "v1"})
+        assert r.status_code == 201, r.text
+        r = http.post("/v1/galleries/shapes/items", json={"items": items})
+        assert r.status_code == 200, r.text
+        # Percent-encoded once on the wire, decoded once by a real server.
+        r = http.get(f"/v1/galleries/shapes/items/{quote(ODD_ID, safe='')}/thumbnail")
+        assert r.status_code == 200 and r.headers["content-type"] == "image/png", r.text
+
+
+def require_browser() -> None:
+    """Fail (never skip): CI installs Chromium and Playwright, so a missing one is a broken
+    setup, not a reason to pass without testing the page."""
+    if sync_playwright is None:
+        pytest.fail("the Python package `playwright` is missing: `pip install -e '.[dev]'` "
+                    "(never `playwright install`: the test uses Debian's Chromium)",
+                    pytrace=False)
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: the browser tests need Debian's Chromium; "
+                    "run `apt-get install -y chromium` (and `pip install playwright`, "
+                    "without `playwright install`)", pytrace=False)
+
+
+def test_browser_is_installed() -> None:
+    require_browser()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    require_browser()
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS,
+                                     headless=True)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser: Any, live: Live, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A fresh tab (own sessionStorage) on a laptop-sized window; fails on any JS error."""
+    context = browser.new_context(viewport={"width": 1366, "height": 850})
+    tab = context.new_page()
+    tab.set_default_timeout(TIMEOUT_MS)
+    errors: list[str] = []
+    tab.on("pageerror", lambda exc: errors.append(f"uncaught: {exc}"))
+    tab.on("console", lambda msg: errors.append(msg.text)
+           if msg.type == "error" and "Content Security Policy" in msg.text else None)
+    yield tab
+    shots = os.environ.get("NOBACKFILL_WEB_SCREENSHOTS")
+    if shots:
+        Path(shots).mkdir(parents=True, exist_ok=True)
+        tab.screenshot(path=str(Path(shots) / f"{request.node.name}.png"), full_page=True)
+    context.close()
+    assert errors == []
+
+
+def use_key(page: Any, key: str = ADMIN_KEY) -> None:
+    page.fill("#api-key", key)
+    page.click("#key-form button[type=submit]")
+    expect(page.locator("#key-state")).to_have_text("key set")
+
+
+def wait_thumbnails_loaded(page: Any, count: int) -> None:
+    """Every result card's <img> really decoded a picture (naturalWidth > 0)."""
+    page.wait_for_function("""(count) => {
+        const imgs = [...document.querySelectorAll('#results figure.card img.thumb')];
+        return imgs.length === count && imgs.every((i) => i.complete && i.naturalWidth > 0);
+    }""", arg=count)
+
+
+# ---------------------------------------------------------------- search
+def test_text_search_shows_loaded_thumbnails(page: Any, live: Live) -> None:
+    page.goto(f"{live.url}/#search")
+    page.fill("#gallery", "shapes")
+    page.fill("#query-text", ITEMS[3].captions["en"][0])
+    page.fill("#top-k", "8")
+    page.click("#search-form button[type=submit]")
+    page.wait_for_selector("#results figure.card")
+    assert page.locator("#results figure.card").count() == 8
+    wait_thumbnails_loaded(page, 8)
+    meta = {f: page.text_content(f"#search-meta [data-field={f}]")
+            for f in ("gallery", "version", "route", "space", "kind")}
+    assert meta == {"gallery": "shapes", "version": "v1", "route": "native", "space": "v1",
+                    "kind": "image"}
+    scores = [float(s.split()[-1]) for s in page.locator("#results .score").all_text_contents()]
+    assert scores == sorted(scores, reverse=True)
+
+
+def test_image_upload_shows_results(page: Any, live: Live) -> None:
+    page.goto(f"{live.url}/")
+    page.fill("#gallery", "shapes")
+    page.fill("#top-k", "17")
+    page.set_input_files("#query-image", str(live.first_png))  # searches on change
+    page.wait_for_selector(f"#results figure.card[data-id='{ITEMS[0].id}']")
+    first = page.locator("#results figure.card").first
+    assert first.get_attribute("data-id") == ITEMS[0].id  # its own image, cosine 1
+    assert float(first.locator(".score").text_content().split()[-1]) == pytest.approx(1, abs=1e-3)
+    wait_thumbnails_loaded(page, 17)  # every item, the odd id's picture included
+    assert page.is_visible("#query-preview")
+    # With a key set, thumbnails are fetched with the header and shown from blob: URLs.
+    use_key(page)
+    page.click("#search-form button[type=submit]")
+    page.wait_for_function("""() => [...document.querySelectorAll('#results img.thumb')]
+        .some((i) => i.src.startsWith('blob:'))""")
+    wait_thumbnails_loaded(page, 17)
+
+
+def test_search_errors_show_the_server_message(page: Any, live: Live) -> None:
+    page.goto(f"{live.url}/")
+    page.fill("#gallery", "no-such-gallery")
+    page.fill("#query-text", "a red circle")
+    page.click("#search-form button[type=submit]")
+    page.wait_for_selector("#search-status.error")
+    assert "no-such-gallery" in page.text_content("#search-status")
+
+
+# ---------------------------------------------------------------- models
+def test_models_page_shows_lineage_active_version_and_gate(page: Any, live: Live) -> None:
+    page.goto(f"{live.url}/#models")
+    page.wait_for_selector("#models-status.error")  # admin view: asks for the key first
+    use_key(page)
+    active = page.wait_for_selector("#galleries tr[data-gallery=shapes] .active-version")
+    assert active.text_content() == "v1"
+    # Lineage: v1.1 under v1, v1.2 under v1.1, v3 a root of its own.
+    assert page.locator("#lineage > ul > li > button.node").evaluate_all(
+        "nodes => nodes.map((n) => n.dataset.version).sort()") == ["v1", "v3"]
+    under_v1 = page.locator("#lineage li:has(> button[data-version='v1']) > ul button.node")
+    assert sorted(under_v1.evaluate_all("ns => ns.map((n) => n.dataset.version)")) == \
+        ["v1.1", "v1.2"]
+    assert "active: shapes" in page.text_content("#lineage button[data-version='v1']")
+    assert "gate failed" in page.text_content("#lineage button[data-version='v1.2']")
+    # The gate report of v1.1: matrix table and heatmap, with no-route cells.
+    page.click("#lineage button[data-version='v1.1']")
+    page.wait_for_selector("#version-detail table.heatmap")
+    assert "gate passed" in page.text_content("#version-detail h2")
+    assert page.locator("#version-detail table.matrix-table:not(.heatmap) td.na").count() == 4
+    heat = page.locator("#version-detail table.heatmap td.heat:not(.na)")
+    assert heat.count() == 5
+    colours = set(heat.evaluate_all("cs => cs.map((c) => c.style.backgroundColor)"))
+    assert len(colours) == 5  # five different recalls, five different colours
+    page.select_option("#version-detail select.metric", "i2t R@1")
+    assert "0.750" in page.text_content("#version-detail table.heatmap")
+
+
+def test_promote_and_roll_back_from_the_page(page: Any, live: Live) -> None:
+    page.goto(f"{live.url}/#models")
+    use_key(page)
+    page.click("#lineage button[data-version='v1.2']")
+    page.click("#version-detail button:text('Promote v1.2')")  # its gate failed: refused
+    page.wait_for_selector("#models-status.error")
+    assert "gate" in page.text_content("#models-status").lower()
+    page.click("#lineage button[data-version='v1.1']")
+    page.fill("#version-detail input[name=reason]", "browser test")
+    page.click("#version-detail button:text('Promote v1.1')")
+    active = page.locator("#galleries tr[data-gallery=shapes] .active-version")
+    expect(active).to_have_text("v1.1")
+    assert "now served by v1.1" in page.text_content("#models-status")
+    page.click("#lineage button[data-version='v1']")
+    page.click("#version-detail button:text('Roll back to v1')")
+    expect(active).to_have_text("v1")
+
+
+# ---------------------------------------------------------------- jobs
+class FakeJobs:
+    """The jobs API's contract, played in the browser: records what the page sends and
+    moves the job along on every poll."""
+
+    def __init__(self) -> None:
+        self.posted: list[dict[str, Any]] = []
+        self.cancelled: list[str] = []
+        self.job: dict[str, Any] | None = None
+        self.polls = 0
+
+    def collection(self, route: Any, request: Any) -> None:
+        assert request.headers.get("x-api-key") == ADMIN_KEY
+        if request.method == "POST":
+            body = request.post_data_json
+            self.posted.append(body)
+            if body["kind"] == "xbt":
+                route.fulfill(status=422, json={"error": {
+                    "code": "invalid_request", "message": "params.pairs: field required"}})
+                return
+            self.job = {"id": "job-1234abcd", "kind": body["kind"], "gallery": body["gallery"],
+                        "status": "queued", "progress": {}, "created_at": "2030-01-01T00:00:00Z",
+                        "started_at": None, "ended_at": None, "version": None, "gate": None,
+                        "error": None, "auto_promote": body["auto_promote"]}
+            route.fulfill(status=202, json=self.job)
+            return
+        self.polls += 1
+        if self.job and self.job["status"] == "queued":
+            self.job.update(status="running", started_at="2030-01-01T00:00:01Z",
+                            progress={"stage": "train", "step": 5, "total": 20, "loss": 1.25,
+                                      "eta_s": 30})
+        route.fulfill(json=[self.job] if self.job else [])
+
+    def one(self, route: Any, request: Any) -> None:
+        assert request.method == "DELETE" and self.job is not None
+        self.cancelled.append(request.url.rsplit("/", 1)[-1])
+        self.job.update(status="cancelled", ended_at="2030-01-01T00:00:09Z")
+        route.fulfill(status=202, json=self.job)
+
+
+def test_jobs_form_sends_the_contract_and_shows_progress(page: Any, live: Live) -> None:
+    jobs = FakeJobs()
+    page.route("**/v1/jobs", jobs.collection)
+    page.route("**/v1/jobs/*", jobs.one)
+    page.goto(f"{live.url}/#jobs")
+    use_key(page)
+    form = page.locator("#job-form")
+    form.locator("input[name=gallery]").fill("shapes")
+    form.locator("select[name=method]").select_option("dns")
+    form.locator("input[name=data]").fill("/data/new-domain")
+    form.locator("input[name=steps]").fill("20")
+    form.locator("button[type=submit]").click()
+    page.wait_for_selector("#jobs-status.ok")
+    assert jobs.posted[0] == {"kind": "continual", "gallery": "shapes", "auto_promote": False,
+                              "params": {"method": "dns", "data": "/data/new-domain",
+                                         "domain": None, "language": None, "steps": 20}}
+    bar = page.wait_for_selector("tr[data-job='job-1234abcd'] progress[value='5']")
+    assert bar.get_attribute("max") == "20"
+    assert "train · 5/20 · loss 1.2500" in page.text_content("tr[data-job='job-1234abcd']")
+    page.click("tr[data-job='job-1234abcd'] button:text('Cancel')")
+    expect(page.locator("tr[data-job='job-1234abcd'] .badge")).to_have_text("cancelled")
+    assert jobs.cancelled == ["job-1234abcd"]
+    assert "null" not in page.inner_text("#job-detail")  # absent fields are left out
+    # An XBT upgrade; the server's error message is what the person sees.
+    form.locator("input[value=xbt]").check()
+    form.locator("input[name=new_version]").fill("v3")
+    form.locator("input[name=auto_promote]").check()
+    form.locator("button[type=submit]").click()
+    expect(page.locator("#jobs-status")).to_have_text("params.pairs: field required")
+    assert jobs.posted[1] == {"kind": "xbt", "gallery": "shapes", "auto_promote": True,
+                              "params": {"new": {"version": "v3"}, "corpus": "synth:20000"}}
+    assert jobs.polls >= 2
