@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Callable
@@ -32,6 +33,7 @@ KINDS = ("continual", "xbt", "evaluate", "ingest")
 FINISHED = ("succeeded", "failed", "cancelled")
 STATUSES = ("queued", "running", *FINISHED)
 JOBS = "jobs"
+JOB_ID = re.compile(r"job-[0-9a-f]{12}")
 
 
 class JobNotFound(NotFound):
@@ -79,7 +81,7 @@ class JobStore:
 
     # ------------------------------------------------------------ paths
     def _path(self, job_id: str) -> Path:
-        if not job_id or "/" in job_id or job_id.startswith("."):
+        if not JOB_ID.fullmatch(job_id):  # ids are ours: anything else names no job
             raise JobNotFound(f"job '{job_id[:80]}' does not exist")
         return self.root / f"{job_id}.json"
 
