@@ -31,13 +31,15 @@ def start_worker() -> subprocess.Popen:
                             start_new_session=True)
 
 
-def stop(worker: subprocess.Popen) -> None:
-    if worker.poll() is None:
-        os.killpg(worker.pid, signal.SIGTERM)
+def stop(process: subprocess.Popen, timeout_s: float = 20) -> None:
+    """Stop a child started in its own session, and everything it started (its group)."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
         try:
-            worker.wait(20)
+            process.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(worker.pid, signal.SIGKILL)
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
 
 
 def main() -> None:

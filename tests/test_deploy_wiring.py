@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -20,7 +19,9 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from test_serve import free_port
+
+from service.bench.server import free_port
+from service.launch import stop
 
 ROOT = Path(__file__).resolve().parents[1]
 VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?([-?])([^}]*))?\}")
@@ -69,13 +70,7 @@ def process(module: str, env: dict[str, str], log: Path):
     try:
         yield proc
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop(proc, 20)
 
 
 def poll(check, timeout: float, what: str, log: Path):

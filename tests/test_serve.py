@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,14 +14,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from service.bench.server import free_port
+from service.launch import stop
+
 REPO = Path(__file__).resolve().parents[1]
 KEY = "serve-test-key"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager
@@ -48,12 +43,7 @@ def launched(data: Path, port: int, log: Path) -> Iterator[str]:
             pytest.fail(f"/readyz never became healthy:\n{log.read_text()[-3000:]}")
         yield base
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop(proc, 30)
 
 
 def test_serve_bootstraps_once_and_answers(tmp_path: Path) -> None:

@@ -3,7 +3,6 @@ removed with their item, safe for any id) and the page and assets themselves."""
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import io
 import re
@@ -15,6 +14,7 @@ import pytest
 from conftest import ADMIN
 from fastapi.testclient import TestClient
 from PIL import Image
+from test_service_api import b64, png
 
 from service import web
 from service.thumbnails import MAX_SIDE, ThumbnailStore, file_name, make_thumbnail
@@ -22,16 +22,6 @@ from training.data import generate_items, render
 
 ITEMS = generate_items(6, seed=11, languages=("en",))
 ODD_IDS = ["../../etc/passwd", "dir/sub/x.png", "ünï cødé ✓", "a" * 256, ".", "..", "%2F"]
-
-
-def png(image: Image.Image) -> bytes:
-    buf = io.BytesIO()
-    image.save(buf, format="PNG")
-    return buf.getvalue()
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
 
 
 def image_items(size: int = 64) -> list[dict]:

@@ -12,11 +12,8 @@ Set NOBACKFILL_WEB_SCREENSHOTS=dir to keep a full-page screenshot of each test.
 
 from __future__ import annotations
 
-import base64
-import io
 import json
 import os
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -30,12 +27,14 @@ import pytest
 import torch
 from conftest import ADMIN, ADMIN_KEY, MICRO_CONFIG, MICRO_PREPROCESS
 from PIL import Image
+from test_service_api import b64, png
 
 try:
     from playwright.sync_api import expect, sync_playwright
 except ImportError:  # reported by require_browser() as a failure, not a collection error
     expect = sync_playwright = None  # type: ignore[assignment]
 
+from service.bench.server import free_port
 from training.data import generate_items, render
 from training.encoders import ModelSpec
 
@@ -65,22 +64,6 @@ GATE = {"passed": True, "criterion": {"metric": "R@1", "margin": 0.0, "retention
 class Live:
     url: str
     first_png: Path  # the rendered image of ITEMS[0], as ingested
-
-
-def png(image: Image.Image) -> bytes:
-    buf = io.BytesIO()
-    image.save(buf, format="PNG")
-    return buf.getvalue()
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def child_version(root: Path, version_id: str, parent: str, seed: int,

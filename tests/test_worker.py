@@ -19,6 +19,7 @@ from conftest import ADMIN, ADMIN_KEY
 from fastapi.testclient import TestClient
 
 from service.core.config import Settings
+from service.launch import stop
 from service.main import create_app
 from service.registry import Registry
 from training.data import write_dataset
@@ -66,13 +67,7 @@ def worker_process(values: dict[str, str], log: Path) -> Iterator[subprocess.Pop
         wait_for(lambda: "ready" in log.read_text(), 90, f"worker start ({log})", proc)
         yield proc
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop(proc, 15)
 
 
 def wait_for(ok, timeout: float, what: str, proc: subprocess.Popen | None = None):
