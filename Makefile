@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test test-slow install lint serve bench-base clean
+.PHONY: test test-slow install lint serve demo bench-base clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,12 @@ test: $(STAMP)
 # and the gateway on http://127.0.0.1:8000/ (settings: NOBACKFILL_* variables, .env.example).
 serve: $(STAMP)
 	$(PY) -m service.launch
+
+# The whole story (DESIGN.md) on the synthetic world, non-interactively: a table per step,
+# runs/demo/report.md with plots. About 25 minutes on 2 CPU cores.
+DEMO_OUT ?= runs/demo
+demo: $(STAMP)
+	$(VENV)/bin/nobackfill demo --out $(DEMO_OUT)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow

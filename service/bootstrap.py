@@ -18,6 +18,7 @@ from service.gallery.store import Item
 from service.registry import Registry
 from service.thumbnails import ThumbnailStore, make_thumbnail
 from training.artifacts import Artifact
+from training.data import PairDataset
 
 log = logging.getLogger("nobackfill.bootstrap")
 GALLERY = "demo"
@@ -37,7 +38,9 @@ def bootstrap(settings: Settings) -> bool:
     log.info("step 2/4: model v1")
     artifact = _model(settings, work, world)
     log.info("step 3/4: gallery '%s' in space '%s'", GALLERY, artifact.space)
-    _ingest(settings, artifact, world)
+    from training.data import open_dataset
+
+    ingest_images(settings, artifact, open_dataset(world), GALLERY)
     # Registered last: an interrupted bootstrap leaves no gallery, so the next start
     # finishes it (the trained v1 and the rendered images are reused; upserts are
     # idempotent, and registering the same artifact twice is a no-op).
@@ -86,28 +89,29 @@ def _model(settings: Settings, work: Path, world: Path) -> Artifact:
                       version_id="v1", device=settings.device)
 
 
-def _ingest(settings: Settings, artifact: Artifact, world: Path) -> None:
-    """Embed every image with v1 and upsert it (idempotent by id), with a progress bar."""
+def ingest_images(settings: Settings, artifact: Artifact, dataset: PairDataset,
+                  gallery: str) -> None:
+    """Embed every image with ``artifact`` and upsert it into ``gallery`` (created if
+    needed; idempotent by id) with its thumbnail, showing a progress bar. Runs while no
+    gateway holds the embedded Qdrant path."""
     from tqdm import tqdm
 
-    from training.data import open_dataset
     from training.versions import load_encoder
 
-    dataset = open_dataset(world)
     encoder = load_encoder(artifact, artifact.space, settings.device)
     store = GalleryStore(open_qdrant(settings), serialise=settings.qdrant_url is None)
     thumbnails = ThumbnailStore.of(settings)
     try:
-        store.create(GALLERY, int(encoder.embed_dim))
+        store.create(gallery, int(encoder.embed_dim))
         for first in tqdm(range(0, len(dataset), BATCH), desc="ingest", unit="batch"):
             indices = range(first, min(first + BATCH, len(dataset)))
             images = [dataset.load_image(i) for i in indices]
             vectors = encoder.encode_images(images)
             records = [dataset.records[i] for i in indices]
-            store.upsert(GALLERY, [Item(r.id, {"image": vectors[n]}, _payload(r))
+            store.upsert(gallery, [Item(r.id, {"image": vectors[n]}, _payload(r))
                                    for n, r in enumerate(records)],
                          artifact.version_id, artifact.space)
-            thumbnails.replace(GALLERY, {r.id: make_thumbnail(images[n])
+            thumbnails.replace(gallery, {r.id: make_thumbnail(images[n])
                                          for n, r in enumerate(records)})
     finally:
         store.close()

@@ -8,12 +8,18 @@ stops both.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+
+import httpx
 
 from service.__main__ import main as run_gateway
 from service.bootstrap import bootstrap
@@ -23,12 +29,66 @@ log = logging.getLogger("nobackfill.launch")
 REPO = Path(__file__).resolve().parents[1]
 
 
-def start_worker() -> subprocess.Popen:
-    env = {**os.environ, "NOBACKFILL_WORKER_NAME": os.environ.get(
-        "NOBACKFILL_WORKER_NAME", "embedded@localhost")}
+Env = Mapping[str, str | None]
+
+
+def child_env(env: Env | None) -> dict[str, str]:
+    """This process's environment with ``env`` applied (a None value removes the name)."""
+    merged = {**os.environ, **(env or {})}
+    return {k: v for k, v in merged.items() if v is not None}
+
+
+def start_worker(env: Env | None = None, log_file: Path | None = None) -> subprocess.Popen:
+    """``python -m worker`` as a child in its own session (``stop`` ends it and its pool);
+    ``env`` adds settings, ``log_file`` takes its output (default: this process's)."""
+    env = child_env(env)
+    env.setdefault("NOBACKFILL_WORKER_NAME", "embedded@localhost")
     log.info("starting the embedded worker (python -m worker)")
-    return subprocess.Popen([sys.executable, "-m", "worker"], env=env, cwd=REPO,
-                            start_new_session=True)
+    out = open(log_file, "w") if log_file else None  # noqa: SIM115 (the child keeps it)
+    try:
+        return subprocess.Popen([sys.executable, "-m", "worker"], env=env, cwd=REPO,
+                                start_new_session=True, stdout=out,
+                                stderr=subprocess.STDOUT if out else None)
+    finally:
+        if out:
+            out.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def gateway_process(env: Env, log: Path,
+                    ready_timeout_s: float = 600.0) -> Iterator[str]:
+    """``python -m service`` as a child on ``env`` (NOBACKFILL_* settings; a free port is
+    picked), its output in ``log``; yields its base URL once /readyz answers, stops it on
+    exit."""
+    port = free_port()
+    env = {**child_env(env), "NOBACKFILL_PORT": str(port), "NOBACKFILL_HOST": "127.0.0.1"}
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "service"], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, proc, ready_timeout_s, log)
+        yield url
+    finally:
+        stop(proc, 30)
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float, log: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the gateway exited with {proc.returncode}; see {log}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
+                return
+        time.sleep(0.5)
+    raise RuntimeError(f"the gateway was not ready after {timeout_s:.0f}s; see {log}")
 
 
 def stop(process: subprocess.Popen, timeout_s: float = 20) -> None:

@@ -20,8 +20,7 @@ import httpx
 import pytest
 import yaml
 
-from service.bench.server import free_port
-from service.launch import stop
+from service.launch import free_port, stop
 
 ROOT = Path(__file__).resolve().parents[1]
 VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?([-?])([^}]*))?\}")

@@ -117,6 +117,25 @@ def test_gate_checks_old_domains_for_a_domain_phase(versions, validation) -> Non
     assert all(c["required"] == pytest.approx(c["old_to_old"] - 0.02) for c in old)
 
 
+def test_gate_checks_the_new_language_for_gain_and_english_for_retention(versions) -> None:
+    bilingual = PairDataset.from_synth(generate_items(24, seed=12, languages=("en", "de")),
+                                       image_size=32)
+    criterion = GateCriterion(margin=0.0, retention_limit=0.02, new_language="de")
+    report = run_gate(versions["twin"], versions["v1"], bilingual, criterion)
+    subsets = [(c["subset"], c["direction"]) for c in report["checks"]]
+    assert subsets == [("language de", "t2i"), ("language en", "t2i"), ("language en", "i2t")]
+    english = [c for c in report["checks"] if c["subset"] == "language en"]
+    assert all(c["required"] == pytest.approx(c["old_to_old"] - 0.02) for c in english)
+    assert report["passed"] is True  # an identical twin neither gains nor loses
+    demanding = GateCriterion(margin=1.0, retention_limit=0.02, new_language="de")
+    assert run_gate(versions["twin"], versions["v1"], bilingual, demanding)["passed"] is False
+    with pytest.raises(ConfigError, match="no 'ru' captions"):
+        run_gate(versions["twin"], versions["v1"], bilingual,
+                 GateCriterion(retention_limit=0.02, new_language="ru"))
+    with pytest.raises(ConfigError, match="a domain or a language"):
+        GateCriterion(new_domain="basic", new_language="de")
+
+
 def test_gate_refuses_a_candidate_without_a_route_into_the_space(versions, validation) -> None:
     with pytest.raises(ConfigError, match="no route into the gallery's space 'v1'"):
         run_gate(versions["v3"], versions["v1"], validation)

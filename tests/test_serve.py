@@ -14,8 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.bench.server import free_port
-from service.launch import stop
+from service.launch import free_port, stop
 
 REPO = Path(__file__).resolve().parents[1]
 KEY = "serve-test-key"

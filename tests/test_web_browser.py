@@ -34,7 +34,7 @@ try:
 except ImportError:  # reported by require_browser() as a failure, not a collection error
     expect = sync_playwright = None  # type: ignore[assignment]
 
-from service.bench.server import free_port
+from service.launch import free_port
 from training.data import generate_items, render
 from training.encoders import ModelSpec
 

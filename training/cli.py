@@ -307,8 +307,17 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
         register(bench_sub, name)
 
 
+# ---------------------------------------------------------------- demo
+def add_demo(sub: argparse._SubParsersAction) -> None:
+    """The story runs the gateway and a worker, so it lives in service/ (imported by name:
+    training/ never imports the service)."""
+    import importlib
+
+    importlib.import_module("service.demo").register(sub, "demo")
+
+
 PARSERS = [add_synth, add_train_base, add_eval, add_info, add_upgrade, add_continual,
-           add_bench]
+           add_bench, add_demo]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,9 +12,11 @@ from worker.run import JobContext
 
 
 def gate_report(ctx: JobContext, registry: Registry, gallery: GalleryRecord,
-                candidate: Artifact, new_domain: str | None = None) -> dict[str, Any]:
+                candidate: Artifact, new_domain: str | None = None,
+                new_language: str | None = None) -> dict[str, Any]:
     """The gate on the gallery's held-out validation set against its active version
-    (``training.gate``); a gallery without one gets a failing report that says so."""
+    (``training.gate``); a gallery without one gets a failing report that says so. A
+    phase's new domain or new language is checked for gain, the rest for retention."""
     from training.data import open_dataset
     from training.gate import GateCriterion, run_gate
 
@@ -24,18 +26,20 @@ def gate_report(ctx: JobContext, registry: Registry, gallery: GalleryRecord,
                 f"(set one at creation or pass params.validation); promote with force to "
                 f"override", "candidate": candidate.version_id, "incumbent": gallery.active}
     criterion = GateCriterion(
-        margin=ctx.settings.gate_margin, new_domain=new_domain,
-        retention_limit=ctx.settings.gate_retention_limit if new_domain else None)
+        margin=ctx.settings.gate_margin, new_domain=new_domain, new_language=new_language,
+        retention_limit=ctx.settings.gate_retention_limit if new_domain or new_language
+        else None)
     incumbent = registry.artifact(gallery.active)
     return run_gate(candidate, incumbent, open_dataset(validation), criterion)
 
 
-def admit(ctx: JobContext, candidate: Artifact, new_domain: str | None = None) -> dict[str, Any]:
+def admit(ctx: JobContext, candidate: Artifact, new_domain: str | None = None,
+          new_language: str | None = None) -> dict[str, Any]:
     """Gate, register and (with auto_promote, if it passed) promote a new candidate."""
     registry = Registry(ctx.settings.registry_dir)
     gallery = registry.gallery(ctx.job.gallery)
     ctx.heartbeat.progress = {**(ctx.heartbeat.progress or {}), "stage": "gate"}
-    report = gate_report(ctx, registry, gallery, candidate, new_domain)
+    report = gate_report(ctx, registry, gallery, candidate, new_domain, new_language)
     ctx.heartbeat.check()  # the last point where a cancel still leaves nothing behind
     write_manifest_field(candidate.path, "gate", report)
     record = registry.register(candidate.path, by=f"job:{ctx.job.id}", move=True, gate=report)

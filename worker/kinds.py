@@ -27,7 +27,7 @@ def run_continual(ctx: JobContext) -> dict[str, Any]:
     candidate = run_phase(parent, p.method, open_dataset(p.data), ctx.out,
                           get_strategy(p.method).Config.from_dict(p.config), options,
                           on_progress=ctx.heartbeat.report)
-    return admit(ctx, candidate, new_domain=p.domain)
+    return admit(ctx, candidate, new_domain=p.domain, new_language=p.language)
 
 
 def run_xbt(ctx: JobContext) -> dict[str, Any]:

@@ -4,63 +4,30 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 
+from service.launch import gateway_process
+
 ADMIN_KEY = "bench-admin"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager
 def gateway(data_dir: Path, log: Path, batch_size: int, max_wait_ms: float,
             device: str | None, ready_timeout_s: float = 600.0) -> Iterator[str]:
-    """A running gateway; yields its base URL and stops it on exit."""
-    port = free_port()
-    env = {**os.environ, "NOBACKFILL_DATA_DIR": str(data_dir), "NOBACKFILL_PORT": str(port),
-           "NOBACKFILL_HOST": "127.0.0.1", "NOBACKFILL_BATCH_MAX_SIZE": str(batch_size),
+    """A running gateway with the batching settings under test; yields its base URL."""
+    env = {"NOBACKFILL_DATA_DIR": str(data_dir), "NOBACKFILL_BATCH_MAX_SIZE": str(batch_size),
            "NOBACKFILL_BATCH_MAX_WAIT_MS": str(max_wait_ms),
            "NOBACKFILL_ADMIN_API_KEYS": json.dumps({"bench": ADMIN_KEY}),
            "NOBACKFILL_ACCESS_LOG": "false"}  # a log line per request would cost CPU
     if device:
         env["NOBACKFILL_DEVICE"] = device
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "service"], env=env, stdout=out,
-                                stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_ready(url, proc, ready_timeout_s, log)
+    with gateway_process(env, log, ready_timeout_s) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _wait_ready(url: str, proc: subprocess.Popen, timeout_s: float, log: Path) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the gateway exited with {proc.returncode}; see {log}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
-                return
-        time.sleep(0.5)
-    raise RuntimeError(f"the gateway was not ready after {timeout_s:.0f}s; see {log}")
 
 
 def warm_up(url: str, gallery: str, text: str, image: str, rounds: int = 3) -> None:

@@ -5,9 +5,10 @@ Every point's payload records the item id, the version that embedded it and the 
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -113,6 +114,36 @@ class GalleryStore:
                 gallery, query=vector.tolist(), using=kind, limit=top_k, with_payload=True,
                 query_filter=payload_filter(where))
         return [_hit(p) for p in result.points]
+
+    def fingerprint(self, gallery: str, ids: Collection[str] | None = None,
+                    page: int = 1000) -> dict[str, dict[str, Any]]:
+        """Per embedding version: how many items it embedded and a SHA-256 over their ids
+        and vectors (float32 bytes, in id order); ``ids`` restricts it to those items.
+        Equal fingerprints at two times mean no stored vector changed in between (e.g. no
+        backfill ran)."""
+        rows: dict[str, list[tuple[str, bytes]]] = {}
+        offset = None
+        while True:
+            with self._call(gallery):
+                points, offset = self.client.scroll(gallery, limit=page, offset=offset,
+                                                    with_payload=True, with_vectors=True)
+            for point in points:
+                payload, vectors = point.payload or {}, point.vector or {}
+                if ids is not None and str(payload.get("item_id")) not in ids:
+                    continue
+                blob = b"".join(np.asarray(vectors[k], dtype=np.float32).tobytes()  # type: ignore[index]
+                                for k in sorted(vectors))  # type: ignore[arg-type]
+                rows.setdefault(str(payload.get("version")), []).append(
+                    (str(payload.get("item_id")), blob))
+            if offset is None:
+                break
+        out = {}
+        for version, items in sorted(rows.items()):
+            digest = hashlib.sha256()
+            for item_id, blob in sorted(items):
+                digest.update(item_id.encode() + b"\0" + blob)
+            out[version] = {"items": len(items), "sha256": digest.hexdigest()}
+        return out
 
     def close(self) -> None:
         self.client.close()

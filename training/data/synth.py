@@ -491,13 +491,14 @@ def write_dataset(
     image_size: int = 64,
     captions_per_image: int = 5,
     show_progress: bool = False,
+    id_prefix: str = "",
 ) -> Path:
     """Render `n` items to `out_dir/images/<id>.png` and describe them in `manifest.jsonl`.
 
     Returns the manifest path. The manifest is written last and atomically, so its presence
     means every image it lists is on disk.
     """
-    items = generate_items(n, seed, domains, languages, captions_per_image)
+    items = generate_items(n, seed, domains, languages, captions_per_image, id_prefix)
     out = Path(out_dir)
     (out / "images").mkdir(parents=True, exist_ok=True)
     lines = []

@@ -1,0 +1,41 @@
+"""``nobackfill demo``: the whole story of DESIGN.md, non-interactively, on the synthetic
+world (``story``), with a table per step and ``report.md`` with plots (``report``)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction, name: str) -> None:
+    from service.demo.world import PROFILES
+
+    p = sub.add_parser(name, help="run the whole story on the synthetic world: v1 and its "
+                                  "gallery, a new domain, a new language, an XBT upgrade, "
+                                  "the gate, promotion, every version against the gallery")
+    p.add_argument("--out", default="runs/demo", help="an empty or new directory: data, "
+                                                      "logs, report.md and plots")
+    p.add_argument("--profile", choices=sorted(PROFILES), default="full",
+                   help="full: the real story (about 25 min on 2 CPU cores); quick: a toy "
+                        "size that checks the wiring in a minute")
+    p.add_argument("--device", help="cpu, cuda (default: cuda when present)")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from service.demo.report import print_end, print_step, write_report
+    from service.demo.story import Step, run_story
+    from service.demo.world import PROFILES
+
+    total = 5
+
+    def show(step: Step) -> None:
+        show.count += 1  # type: ignore[attr-defined]
+        print(print_step(step, show.count, total), flush=True)  # type: ignore[attr-defined]
+        print(flush=True)
+    show.count = 0  # type: ignore[attr-defined]
+
+    story = run_story(Path(args.out), PROFILES[args.profile], args.device, show)
+    write_report(story)
+    print(print_end(story), flush=True)
+    return 0
