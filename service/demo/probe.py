@@ -1,8 +1,9 @@
-"""What users see: held-out text queries sent to the gateway's search, scored by attribute
-relevance against the items the gallery holds at that moment.
+"""What users see: text queries sent to the gateway's search, scored by attribute relevance
+against the items the gallery holds at that moment.
 
-A query counts only when the gallery holds at least one item relevant to it (symbols
-queries before any symbol was ingested have nothing to find). Hits also say which
+The queries are captions of gallery items (images no model trained on). A query counts
+once its own item is stored (symbols queries wait for the symbols ingest); any stored
+item with every attribute the caption mentions is a correct answer. Hits also say which
 version embedded each item, so the tables show the gallery was never re-embedded.
 """
 
@@ -26,6 +27,7 @@ class Query:
     group: str  # a domain (English queries) or a language code
     text: str
     mentions: dict[str, str]
+    source: str  # the item whose caption it is
 
 
 @dataclass
@@ -41,26 +43,35 @@ class Measurement:
         return None if not cell or not cell["queries"] else float(cell["R@1"])
 
 
-def queries(probes: PairDataset, languages: tuple[str, ...]) -> list[Query]:
-    """The first caption of each probe item: English by domain, other languages by code."""
-    out = []
-    for record in probes.records:
-        for lang in languages:
-            texts, mentions = record.captions.get(lang), record.caption_attributes
-            if not texts or mentions is None:
+def queries(stored: list[PairDataset], per_domain: int,
+            languages: tuple[str, ...]) -> list[Query]:
+    """One caption each of the first ``per_domain`` items of every domain in the stored
+    sets (caption k of the k-th item, so the phrasings vary), in every language: English
+    grouped by domain, other languages by their code. Every query has at least its own
+    item to find once that item is stored; attribute-equivalent items count as well."""
+    out, seen = [], {}
+    for dataset in stored:
+        for record in dataset.records:
+            k = seen[record.domain] = seen.get(record.domain, -1) + 1
+            if k >= per_domain or record.caption_attributes is None:
                 continue
-            group = (record.domain or "?") if lang == "en" else lang
-            out.append(Query(group, texts[0], dict(mentions[0])))
+            for lang in languages:
+                texts = record.captions.get(lang)
+                if texts:
+                    j = k % len(texts)
+                    group = (record.domain or "?") if lang == "en" else lang
+                    out.append(Query(group, texts[j], dict(record.caption_attributes[j]),
+                                     record.id))
     return out
 
 
 def measure(client: Client, items: dict[str, dict[str, str]], qs: list[Query]) -> Measurement:
-    """Send every query; R@1/R@5 per group over queries with something relevant stored.
+    """Send every query; R@1/R@5 per group over the queries whose item is stored.
 
     ``items``: id -> attributes of every item the gallery holds (the demo ingested them)."""
     ids = list(items)
     relevant = attribute_relevance([q.mentions for q in qs], [items[i] for i in ids])
-    findable = relevant.any(axis=1)
+    findable = [q.source in items for q in qs]
     column = {item_id: n for n, item_id in enumerate(ids)}
     hits: dict[str, list[list[bool]]] = {}
     embedded_by: Counter[str] = Counter()

@@ -39,7 +39,7 @@ class Profile:
     xbt_pretrain_steps: int
     xbt_pairs: int  # stage 2 image-caption pairs
     xbt_steps: int
-    probes_per_domain: int  # text queries per domain and language, per measurement
+    probes_per_domain: int  # gallery items per domain whose captions are the queries
     batch_size: int = 128
     xbt_batch_size: int = 64
 
@@ -53,7 +53,7 @@ FULL = Profile("full", v1_images=4000, v1_steps=500, gallery_images=1600,
                new_domain_gallery=400, validation_images=500, phase_images=1000,
                phase_steps=150, language_images=1500, language_steps=300,
                new_images=8000, new_steps=800, xbt_corpus=50_000, xbt_pretrain_steps=1000,
-               xbt_pairs=2000, xbt_steps=150, probes_per_domain=60)
+               xbt_pairs=2000, xbt_steps=300, xbt_batch_size=128, probes_per_domain=60)
 # The same story at toy size, for the test suite (the numbers mean nothing).
 QUICK = Profile("quick", v1_images=96, v1_steps=3, gallery_images=60, new_domain_gallery=12,
                 validation_images=40, phase_images=24, phase_steps=2, language_images=24,
@@ -75,20 +75,18 @@ class World:
     language: Path
     new_train: Path
     xbt_pairs: Path
-    probes: Path  # held-out text queries (never stored in the gallery)
 
 
 # name -> (seed, domains, languages, size field of Profile)
 SETS: dict[str, tuple[int, tuple[str, ...], tuple[str, ...], str]] = {
     "v1_train": (1, OLD_DOMAINS, ("en",), "v1_images"),
-    "gallery": (2, OLD_DOMAINS, ("en",), "gallery_images"),
-    "new_domain_gallery": (3, (NEW_DOMAIN,), ("en",), "new_domain_gallery"),
+    "gallery": (2, OLD_DOMAINS, ("en", NEW_LANGUAGE), "gallery_images"),
+    "new_domain_gallery": (3, (NEW_DOMAIN,), ("en", NEW_LANGUAGE), "new_domain_gallery"),
     "validation": (4, ALL_DOMAINS, ("en", NEW_LANGUAGE), "validation_images"),
     "phase": (5, (NEW_DOMAIN,), ("en",), "phase_images"),
     "language": (6, ALL_DOMAINS, ("en", NEW_LANGUAGE), "language_images"),
     "new_train": (7, ALL_DOMAINS, ("en", NEW_LANGUAGE), "new_images"),
     "xbt_pairs": (8, ALL_DOMAINS, ("en",), "xbt_pairs"),
-    "probes": (9, ALL_DOMAINS, ("en", NEW_LANGUAGE), "probes_per_domain"),
 }
 
 
@@ -96,7 +94,7 @@ def render_world(root: Path, profile: Profile) -> World:
     """Write every set once (a rerun into the same root reuses what is there)."""
     paths = {}
     for name, (seed, domains, languages, size) in SETS.items():
-        n = getattr(profile, size) * (len(domains) if name == "probes" else 1)
+        n = getattr(profile, size)
         path = root / name
         if not (path / "manifest.jsonl").is_file():
             write_dataset(path, n, seed=1000 + seed, domains=domains, languages=languages,
