@@ -41,9 +41,24 @@ class Client:
     def info(self) -> dict[str, Any]:
         return dict(self.call("GET", f"/v1/galleries/{self.gallery}"))
 
-    def ingest(self, dataset: PairDataset, batch: int = 64) -> int:
-        """Upload every image (base64 JSON) with its first English caption and domain."""
-        done = 0
+    def wait_serving(self, timeout_s: float = 120) -> str:
+        """Wait until this gateway serves the gallery with its active version (a replica
+        swaps when its registry watcher sees a promotion); that version."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            info = self.info()
+            serving = (info.get("serving") or {}).get("version")
+            if serving == info["active"]:
+                return str(serving)
+            if time.monotonic() > deadline:
+                raise DemoError(f"the gateway still serves '{serving}', not the active "
+                                f"'{info['active']}', after {timeout_s:.0f} s")
+            time.sleep(0.5)
+
+    def ingest(self, dataset: PairDataset, batch: int = 64) -> dict[str, int]:
+        """Upload every image (base64 JSON) with its first English caption and domain;
+        items stored per version that embedded them."""
+        done: dict[str, int] = {}
         for first in range(0, len(dataset), batch):
             items = []
             for i in range(first, min(first + batch, len(dataset))):
@@ -51,8 +66,9 @@ class Client:
                 items.append({"id": record.id, "image_base64": _png_b64(dataset, i),
                               "payload": {"caption": record.captions["en"][0],
                                           "domain": record.domain}})
-            done += self.call("POST", f"/v1/galleries/{self.gallery}/items",
-                              json={"items": items})["count"]
+            answer = self.call("POST", f"/v1/galleries/{self.gallery}/items",
+                               json={"items": items})
+            done[answer["version"]] = done.get(answer["version"], 0) + int(answer["count"])
         return done
 
     def register(self, source: str) -> dict[str, Any]:

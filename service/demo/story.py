@@ -144,6 +144,7 @@ class Demo:
     def job_step(self, client: Client, key: str, title: str, kind: str,
                  params: dict[str, Any], started: float) -> Step:
         job = client.run_job(kind, params, title)
+        client.wait_serving()  # what follows (ingest, queries) sees the promoted version
         step = Step(key, title, 0.0, job["version"], bool(job["promoted"]), job["gate"])
         if not step.promoted:
             step.notes.append(f"not promoted: the gate {'failed' if job['gate'] else 'is missing'}"
@@ -191,8 +192,9 @@ class Demo:
                               "version_id": "v1.1"}, start)
         added = client.ingest(load(self.world.new_domain_gallery))
         self.remember(self.world.new_domain_gallery)
-        step.notes.append(f"{added} new '{NEW_DOMAIN}' images ingested with "
-                          f"'{client.info()['active']}' into the same space")
+        by = ", ".join(f"{n} by '{v}'" for v, n in added.items())
+        step.notes.append(f"new '{NEW_DOMAIN}' images ingested into the same space, "
+                          f"embedded {by}")
         step.seconds = time.perf_counter() - start
         return step
 
