@@ -16,7 +16,7 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--out", default="runs/demo", help="an empty or new directory: data, "
                                                       "logs, report.md and plots")
     p.add_argument("--profile", choices=sorted(PROFILES), default="full",
-                   help="full: the real story (about 25 min on 2 CPU cores); quick: a toy "
+                   help="full: the real story (26 min measured on 2 CPU cores); quick: a toy "
                         "size that checks the wiring in a minute")
     p.add_argument("--device", help="cpu, cuda (default: cuda when present)")
     p.set_defaults(func=main)
