@@ -16,6 +16,13 @@ from PIL import Image
 from service.core.errors import BadImage, TooLarge
 
 
+def png_base64(image: Image.Image) -> str:
+    """An image as base64 PNG text (what the JSON API takes in ``image_base64``)."""
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
 def from_base64(text: str, max_bytes: int) -> bytes:
     """Bytes of a base64 (or ``data:...;base64,``) image string."""
     if text.startswith("data:") and "," in text:

@@ -55,6 +55,10 @@ def run_gate(candidate: Artifact, incumbent: Artifact, validation: PairDataset,
     if incumbent.space not in candidate.routes:
         raise ConfigError(f"candidate '{candidate.version_id}' has no route into the gallery's "
                           f"space '{incumbent.space}'; its routes: {sorted(candidate.routes)}")
+    if criterion.new_language and criterion.new_language not in validation.languages():
+        raise ConfigError(f"the validation set has no '{criterion.new_language}' captions, so "
+                          f"the gate cannot measure the new language; its languages: "
+                          f"{validation.languages()}")
     pair = [incumbent, candidate]
     matrix = compatibility_of_artifacts(pair, validation, language)
     checks: list[dict[str, Any]] = []
@@ -80,12 +84,8 @@ def run_gate(candidate: Artifact, incumbent: Artifact, validation: PairDataset,
 
 def _language_checks(candidate: Artifact, incumbent: Artifact, validation: PairDataset,
                      criterion: GateCriterion) -> list[dict[str, Any]]:
-    """The new language's text->image check; ConfigError when validation lacks it."""
+    """The new language's text->image check (run_gate made sure validation has it)."""
     language = str(criterion.new_language)
-    if language not in validation.languages():
-        raise ConfigError(f"the validation set has no '{language}' captions, so the gate "
-                          f"cannot measure the new language; its languages: "
-                          f"{validation.languages()}")
     matrix = compatibility_of_artifacts([incumbent, candidate], validation, language)
     checks = _compatibility_checks(matrix, candidate.version_id, incumbent.version_id,
                                    criterion.margin, f"language {language}")

@@ -4,8 +4,6 @@ a subset replicated with deterministic noise)."""
 
 from __future__ import annotations
 
-import base64
-import io
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +14,7 @@ import torch
 
 from service.core.config import Settings
 from service.gallery import GalleryStore, Item, open_qdrant
+from service.media import png_base64
 from service.registry import Registry
 from training.artifacts import WEIGHTS, model_state, write_artifact
 from training.data import generate_items, render
@@ -96,10 +95,4 @@ def _jitter(vector: np.ndarray, rng: np.random.Generator, noisy: bool) -> np.nda
 def make_queries(n_texts: int = 200, n_images: int = 50) -> Queries:
     items = generate_items(max(n_texts, n_images), seed=11, languages=("en",))
     texts = [it.captions["en"][k % 5] for k, it in enumerate(items[:n_texts])]
-    return Queries(texts, [_png_b64(render(it, 64)) for it in items[:n_images]])
-
-
-def _png_b64(image: Any) -> str:
-    buf = io.BytesIO()
-    image.save(buf, format="PNG")
-    return base64.b64encode(buf.getvalue()).decode()
+    return Queries(texts, [png_base64(render(it, 64)) for it in items[:n_images]])

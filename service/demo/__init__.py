@@ -23,19 +23,18 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from service.demo.report import print_end, print_step, write_report
+    import itertools
+
+    from service.demo.report import end_text, step_text, write_report
     from service.demo.story import Step, run_story
     from service.demo.world import PROFILES
 
-    total = 5
+    numbers = itertools.count(1)
 
     def show(step: Step) -> None:
-        show.count += 1  # type: ignore[attr-defined]
-        print(print_step(step, show.count, total), flush=True)  # type: ignore[attr-defined]
-        print(flush=True)
-    show.count = 0  # type: ignore[attr-defined]
+        print(step_text(step, next(numbers), 5) + "\n", flush=True)
 
     story = run_story(Path(args.out), PROFILES[args.profile], args.device, show)
     write_report(story)
-    print(print_end(story), flush=True)
+    print(end_text(story), flush=True)
     return 0

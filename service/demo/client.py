@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import io
 import sys
 import time
 from typing import Any
@@ -11,6 +9,7 @@ from typing import Any
 import httpx
 
 from service.api.deps import API_KEY_HEADER
+from service.media import png_base64
 from training.data import PairDataset
 from training.errors import NobackfillError
 
@@ -63,7 +62,8 @@ class Client:
             items = []
             for i in range(first, min(first + batch, len(dataset))):
                 record = dataset.records[i]
-                items.append({"id": record.id, "image_base64": _png_b64(dataset, i),
+                items.append({"id": record.id,
+                              "image_base64": png_base64(dataset.load_image(i)),
                               "payload": {"caption": record.captions["en"][0],
                                           "domain": record.domain}})
             answer = self.call("POST", f"/v1/galleries/{self.gallery}/items",
@@ -115,9 +115,3 @@ def _progress_line(label: str, job: dict[str, Any]) -> str:
     eta = p.get("eta_s")
     return (f"{label}: {p.get('stage', '')} step {p['step']}/{p.get('total', '?')}"
             + (f", ETA {eta:.0f} s" if isinstance(eta, (int, float)) else ""))
-
-
-def _png_b64(dataset: PairDataset, i: int) -> str:
-    buf = io.BytesIO()
-    dataset.load_image(i).save(buf, format="PNG")
-    return base64.b64encode(buf.getvalue()).decode()

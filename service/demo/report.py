@@ -109,7 +109,7 @@ def step_tables(step: Step) -> list[tuple[str, Table | None]]:
 
 
 # ------------------------------------------------------------------------ printing
-def print_step(step: Step, index: int, total: int) -> str:
+def step_text(step: Step, index: int, total: int) -> str:
     lines = [f"== step {index}/{total}: {step.title} ({step.seconds:.0f} s) =="]
     for caption, table in step_tables(step):
         lines.append(caption)
@@ -118,7 +118,7 @@ def print_step(step: Step, index: int, total: int) -> str:
     return "\n".join(lines)
 
 
-def print_end(story: Story) -> str:
+def end_text(story: Story) -> str:
     lines = [(f"== step {len(story.steps) + 1}/{len(story.steps) + 1}: every version answers "
              "the same gallery (rolled back to each in turn) =="),
              text(recall_table(list(story.by_version.items()))),

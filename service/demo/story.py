@@ -30,6 +30,7 @@ from service.demo.client import Client, DemoError
 from service.demo.probe import Measurement, Query, measure, queries
 from service.demo.world import NEW_DOMAIN, NEW_LANGUAGE, Profile, World, load, render_world
 from service.launch import gateway_process, start_worker, stop
+from training.data import PairDataset
 
 GALLERY = "demo"
 LR = 5e-4  # base training (bench base's rate for these tiny models)
@@ -82,13 +83,14 @@ class Demo:
         self.world: World | None = None
         self.items: dict[str, dict[str, str]] = {}  # id -> attributes of stored items
         self.queries: list[Query] = []
+        self.new_items = PairDataset([])  # the new domain's images, ingested in step 2
 
     # ---------------------------------------------------------------- helpers
     def artifact_dir(self, name: str) -> Path:
         return self.out / "artifacts" / name
 
-    def remember(self, path: Path) -> None:
-        for record in load(path).records:
+    def remember(self, dataset: PairDataset) -> None:
+        for record in dataset.records:
             self.items[record.id] = dict(record.attributes or {})
 
     def settings_env(self) -> dict[str, str | None]:
@@ -153,9 +155,8 @@ class Demo:
         step.seconds = time.perf_counter() - started
         return step
 
-    def finish(self, step: Step, client: Client | None) -> Step:
-        if client is not None:
-            step.measurement = measure(client, self.items, self.queries)
+    def finish(self, step: Step, client: Client) -> Step:
+        step.measurement = measure(client, self.items, self.queries)
         self.on_step(step)
         return step
 
@@ -167,32 +168,40 @@ class Demo:
 
         start = time.perf_counter()
         world = self.world = render_world(self.out / "world", self.profile)
-        self.queries = queries([load(world.gallery), load(world.new_domain_gallery)],
-                               self.profile.probes_per_domain, ("en", NEW_LANGUAGE))
+        gallery, self.new_items = load(world.gallery), load(world.new_domain_gallery)
+        self.queries = queries([gallery, self.new_items], self.profile.probes_per_domain,
+                               ("en", NEW_LANGUAGE))
         v1 = self.train_base("tiny-old", world.v1_train, self.profile.v1_steps, "v1", ["en"])
         registry = Registry(self.settings.registry_dir)
         registry.register(v1.path, by="demo")
-        ingest_images(self.settings, v1, load(world.gallery), GALLERY)
+        ingest_images(self.settings, v1, gallery, GALLERY)
         registry.create_gallery(GALLERY, v1.space, by="demo", version="v1",
                                 validation=str(world.validation))
-        self.remember(world.gallery)
+        self.remember(gallery)
         step = Step("v1", "day 0: v1 trained, gallery embedded by v1", 0.0, "v1")
         step.notes.append(f"gallery '{GALLERY}' in space '{v1.space}': "
                           f"{self.profile.gallery_images} images of the old domains")
         step.seconds = time.perf_counter() - start
         return step
 
+    def phase_job(self, client: Client, key: str, title: str, data: Path, steps: int,
+                  method: str, config: dict[str, Any], version_id: str,
+                  **selector: str) -> Step:
+        """A continual job (``domain=`` or ``language=`` selects what it adds)."""
+        return self.job_step(client, key, title, "continual",
+                             {"method": method, "data": str(data), **selector, "steps": steps,
+                              "batch_size": self.profile.batch_size, "config": config,
+                              "version_id": version_id}, time.perf_counter())
+
     def new_domain(self, client: Client) -> Step:
         assert self.world is not None
-        start, p = time.perf_counter(), self.profile
-        step = self.job_step(client, "continual", f"continual phase ({PHASE_METHOD}) on the new "
-                             f"domain '{NEW_DOMAIN}'", "continual",
-                             {"method": PHASE_METHOD, "data": str(self.world.phase),
-                              "domain": NEW_DOMAIN, "steps": p.phase_steps,
-                              "batch_size": p.batch_size, "config": PHASE_CONFIG,
-                              "version_id": "v1.1"}, start)
-        added = client.ingest(load(self.world.new_domain_gallery))
-        self.remember(self.world.new_domain_gallery)
+        start = time.perf_counter()
+        step = self.phase_job(client, "continual", f"continual phase ({PHASE_METHOD}) on the "
+                              f"new domain '{NEW_DOMAIN}'", self.world.phase,
+                              self.profile.phase_steps, PHASE_METHOD, PHASE_CONFIG, "v1.1",
+                              domain=NEW_DOMAIN)
+        added = client.ingest(self.new_items)
+        self.remember(self.new_items)
         by = ", ".join(f"{n} by '{v}'" for v, n in added.items())
         step.notes.append(f"new '{NEW_DOMAIN}' images ingested into the same space, "
                           f"embedded {by}")
@@ -201,13 +210,10 @@ class Demo:
 
     def new_language(self, client: Client) -> Step:
         assert self.world is not None
-        start, p = time.perf_counter(), self.profile
-        return self.job_step(client, "language", f"language phase ({LANGUAGE_METHOD}) adds "
-                             f"'{NEW_LANGUAGE}'", "continual",
-                             {"method": LANGUAGE_METHOD, "data": str(self.world.language),
-                              "language": NEW_LANGUAGE, "steps": p.language_steps,
-                              "batch_size": p.batch_size, "config": LANGUAGE_CONFIG,
-                              "version_id": "v1.2"}, start)
+        return self.phase_job(client, "language", f"language phase ({LANGUAGE_METHOD}) adds "
+                              f"'{NEW_LANGUAGE}'", self.world.language,
+                              self.profile.language_steps, LANGUAGE_METHOD, LANGUAGE_CONFIG,
+                              "v1.2", language=NEW_LANGUAGE)
 
     def upgrade(self, client: Client) -> Step:
         assert self.world is not None
