@@ -124,3 +124,35 @@ def test_device_auto_selection() -> None:
     expected = "cuda" if torch.cuda.is_available() else "cpu"
     assert pick_device().type == expected
     assert pick_device("cpu").type == "cpu"
+
+
+def test_trimmed_text_forward_equals_the_full_context(micro_spec) -> None:
+    """Query texts are encoded without their padding columns; the result is the full
+    forward's (causal tower, EOT pooling), and the cut really happens."""
+    torch.manual_seed(0)
+    model = create_model(micro_spec).eval()
+    tokens = create_tokenizer(micro_spec)(TEXTS + ["a red circle!", "!"])  # "!" is token id 0
+    length = encoders.trimmed_length(tokens)
+    assert length < tokens.shape[1]
+    assert length == int((tokens != 0).sum(dim=1).max())
+    with torch.inference_mode():
+        full = model.encode_text(tokens)
+        trimmed = encoders.encode_text_trimmed(model, tokens)
+        alone = encoders.encode_text_trimmed(model, tokens[:1])  # a shorter cut of its own
+    assert torch.allclose(trimmed, full, atol=1e-5)
+    assert torch.allclose(alone, full[:1], atol=1e-5)
+    # the Encoder path uses it
+    enc = Encoder(model, create_tokenizer(micro_spec), "cpu")
+    np.testing.assert_allclose(enc.encode_texts(TEXTS), torch.nn.functional.normalize(
+        full[:len(TEXTS)], dim=-1).numpy(), atol=1e-5)
+
+
+def test_trimming_leaves_a_non_causal_tower_alone(micro_spec, monkeypatch) -> None:
+    torch.manual_seed(0)
+    model = create_model(micro_spec).eval()
+    model.attn_mask = None  # bidirectional: padding would change the result, so no cut
+    tokens = create_tokenizer(micro_spec)(TEXTS)
+    calls = []
+    monkeypatch.setattr(model, "encode_text", lambda t: calls.append(t.shape) or t.float())
+    encoders.encode_text_trimmed(model, tokens)
+    assert calls == [tokens.shape]

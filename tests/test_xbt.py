@@ -247,13 +247,13 @@ def test_old_model_is_released_before_stage2(bases, world, tmp_path, monkeypatch
 
     def spy_load(*args, **kwargs):
         encoder = real_load(*args, **kwargs)
-        inner = encoder.model.encode_text
+        inner = encoder.encode_texts
 
         def counted(*a, **k):
             calls["old"] += 1
             calls["old_in_stage2"] += in_stage2["now"]
             return inner(*a, **k)
-        encoder.model.encode_text = counted
+        encoder.encode_texts = counted
         old_refs.append(weakref.ref(encoder))
         return encoder
 

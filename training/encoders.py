@@ -23,12 +23,14 @@ import torch
 from open_clip.factory import load_state_dict
 from open_clip.model import get_model_preprocess_cfg, set_model_preprocess_cfg
 from open_clip.transform import PreprocessCfg, image_transform_v2, merge_preprocess_dict
+from open_clip.transformer import text_global_pool
 from PIL import Image
 
 from training.errors import ModelLoadError
 
 HUB_HOST = ("huggingface.co", 443)
 HUB_PROBE_TIMEOUT_S = 3.0
+PAD_ID = 0  # open_clip's SimpleTokenizer pads with token id 0
 
 
 def pick_device(device: str | torch.device | None = None) -> torch.device:
@@ -269,7 +271,7 @@ class Encoder:
         chunks = []
         for start in range(0, len(texts), batch_size):
             tokens = self.tokenize(texts[start:start + batch_size]).to(self.device)
-            chunks.append(self._finish(self.model.encode_text(tokens), self.text_head))
+            chunks.append(self._finish(encode_text_trimmed(self.model, tokens), self.text_head))
         return _concat(chunks, self.embed_dim)
 
     @torch.inference_mode()
@@ -298,6 +300,45 @@ class Encoder:
             features = head(features)
         features = torch.nn.functional.normalize(features.float(), dim=-1)
         return features.cpu().numpy().astype(np.float32)
+
+
+def trimmed_length(tokens: torch.Tensor) -> int:
+    """Columns of ``tokens`` [B, L] up to and including the last non-padding (non-zero) one."""
+    used = (tokens != PAD_ID).any(dim=0).nonzero()
+    return int(used[-1]) + 1 if len(used) else 1
+
+
+def _trimmable(model: torch.nn.Module) -> bool:
+    # A causal text tower pooled at the EOT/EOS token: no position attends to a later one,
+    # and the pooled position is never padding, so padding columns cannot change the output.
+    return (isinstance(model, open_clip.CLIP) and getattr(model, "attn_mask", None) is not None
+            and getattr(model, "text_pool_type", None) in ("argmax", "eos"))
+
+
+def encode_text_trimmed(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """``model.encode_text(tokens)`` computed on the columns up to the batch's longest text.
+
+    open_clip pads every text to the full context (77 for ViT-B-32) and runs the tower
+    over the padding; a short query is mostly padding. For a causal tower pooled at the
+    end-of-text token the padding columns cannot influence the result, so cutting them
+    gives the same embedding (up to float rounding) for a fraction of the compute. Any
+    other text tower (bidirectional, HF text, first/last pooling) runs unchanged.
+    """
+    length = trimmed_length(tokens)
+    if length == tokens.shape[1] or not _trimmable(model):
+        return model.encode_text(tokens)
+    tokens = tokens[:, :length]
+    cast_dtype = model.transformer.get_cast_dtype()
+    x = model.token_embedding(tokens).to(cast_dtype)  # [B, length, width]
+    x = x + model.positional_embedding[:length].to(cast_dtype)
+    x = model.transformer(x, attn_mask=model.attn_mask[:length, :length])
+    x = model.ln_final(x)
+    x = text_global_pool(x, tokens, model.text_pool_type,
+                         eos_token_id=getattr(model, "text_eos_id", None))
+    projection = model.text_projection
+    if projection is None:
+        return x
+    return projection(x) if isinstance(projection, torch.nn.Linear) else x @ projection
 
 
 def model_embed_dim(model: torch.nn.Module) -> int:
