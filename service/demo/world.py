@@ -52,7 +52,7 @@ class Profile:
 FULL = Profile("full", v1_images=4000, v1_steps=500, gallery_images=1600,
                new_domain_gallery=400, validation_images=500, phase_images=1000,
                phase_steps=150, language_images=1500, language_steps=300,
-               new_images=8000, new_steps=650, xbt_corpus=50_000, xbt_pretrain_steps=1000,
+               new_images=8000, new_steps=800, xbt_corpus=50_000, xbt_pretrain_steps=1000,
                xbt_pairs=2000, xbt_steps=300, xbt_batch_size=128, probes_per_domain=60)
 # The same story at toy size, for the test suite (the numbers mean nothing).
 QUICK = Profile("quick", v1_images=96, v1_steps=3, gallery_images=60, new_domain_gallery=12,
