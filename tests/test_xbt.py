@@ -27,7 +27,8 @@ from training.versions import load_encoder
 from training.xbt import upgrade as up
 from training.xbt.adapters import Adapters, LoraSelfAttention
 from training.xbt.config import XbtConfig
-from training.xbt.projector import Projector, ProjectorHead
+from training.losses import clip_loss
+from training.xbt.projector import Projector, ProjectorHead, to_old_space
 from training.xbt.prompts import VisualPrompts
 
 TINY = {"pretrain_steps": 2, "pretrain_batch_size": 16, "steps": 1, "batch_size": 8}
@@ -239,7 +240,9 @@ def test_stage2_trains_only_adapters_prompts_and_phi_layer_norms(bases, world) -
 
 
 # ---------------------------------------------------------------------------- the upgrade
-def test_old_model_is_released_before_stage2(bases, world, tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("anchors", [{"anchor": True}, {"anchor": True, "pair_anchor": True}])
+def test_old_model_is_released_before_stage2(bases, world, tmp_path, monkeypatch,
+                                             anchors) -> None:
     old_refs: list[weakref.ref] = []
     calls = {"old": 0, "old_in_stage2": 0}
     in_stage2 = {"now": False}
@@ -268,9 +271,38 @@ def test_old_model_is_released_before_stage2(bases, world, tmp_path, monkeypatch
 
     monkeypatch.setattr(up, "load_encoder", spy_load)
     monkeypatch.setattr(up, "train_stage2", spy_stage2)
-    art = run_upgrade(bases["v1"], bases["new"], world, tmp_path / "v2", anchor=True)
+    art = run_upgrade(bases["v1"], bases["new"], world, tmp_path / "v2", **anchors)
     assert calls["old"] > 0 and calls["old_in_stage2"] == 0 and len(old_refs) == 1
-    assert art.manifest["hyperparameters"]["anchor"] is True
+    hyper = art.manifest["hyperparameters"]
+    assert hyper["anchor"] is True and hyper["pair_anchor"] is anchors.get("pair_anchor", False)
+
+
+def test_pair_anchor_term_is_direct_loss_on_cached_old_pair_embeddings(bases, world) -> None:
+    """Stage 2's pair anchor scores the batch's new projections against the old version's
+    embeddings of the same images and captions, cached in stage 1 (old model released)."""
+    cfg = XbtConfig(**{**TINY, "pair_anchor": True, "pair_anchor_weight": 0.5})
+    p = up.prepare(bases["v1"], bases["new"], CORPUS, world, cfg, show_progress=False)
+    cache, anchors = up.cache_text(p, cfg, show_progress=False)
+    assert anchors.corpus is None and anchors.pairs is not None
+    old = load_encoder(bases["v1"], device="cpu")
+    want_images = old.encode_image_tensors(p.pairs.pixels)
+    want_texts = old.encode_texts(p.pairs.captions)
+    assert anchors.pairs.images.shape == (len(p.pairs.pixels), 32)
+    assert torch.allclose(anchors.pairs.images, torch.from_numpy(want_images), atol=1e-5)
+    assert torch.allclose(anchors.pairs.texts, torch.from_numpy(want_texts), atol=1e-5)
+    phi = Projector(48, 32).eval()
+    p.model.eval()
+    task = up.XbtTask(p.model, phi, p.pairs, cfg, anchors)
+    images, captions = torch.tensor([0, 2, 4]), torch.tensor([0, 10, 20])
+    with torch.no_grad():
+        losses = task.losses((images, captions))
+        v = to_old_space(phi, p.model.encode_image(p.pairs.pixels[images].float()))
+        w = to_old_space(phi, p.model.encode_text(p.pairs.tokens[captions]))
+        scale = cfg.logit_scale
+        by_hand = 0.5 * (clip_loss(v, torch.from_numpy(want_texts[[0, 10, 20]]), scale)
+                         + clip_loss(torch.from_numpy(want_images[[0, 2, 4]]), w, scale))
+    assert set(losses) == {"xbt_loss", "pair_anchor_loss"}
+    assert torch.allclose(losses["pair_anchor_loss"], by_hand, atol=1e-5)
 
 
 def test_artifact_round_trip_reproduces_in_memory_embeddings(bases, world, tmp_path) -> None:

@@ -3,8 +3,8 @@
 Starts from the two models of ``bench base`` (``--base DIR`` holds ``old/`` and ``new/``).
 OLD embeds the gallery; NEW is upgraded. On the held-out test set of ``bench base``
 it reports R@1/5/10 in both directions for old->old, new->new, the text-only phi
-(after stage 1) new->old, the Direct baseline new->old, and XBT new->old with and
-without the anchoring term; wall times of stage 1, stage 2 and Direct; and the time
+(after stage 1) new->old, the Direct baseline new->old, and XBT new->old without
+anchoring, with the corpus anchor (METHODS.md) and with the corpus and pair anchors; wall times of stage 1, stage 2 and Direct; and the time
 the NEW model takes to re-embed the test gallery, extrapolated to 1M and 1B items.
 
 The upgrade never reads the gallery, so its cost does not depend on gallery size:
@@ -28,6 +28,7 @@ PAIRS_SEED = 20_000  # the paired set differs from the base training sets (seeds
 BACKFILL_SIZES = {"1M": 1_000_000, "1B": 1_000_000_000}
 MARGIN = 0.01  # XBT new->old R@1 must beat old->old by this much, both directions
 GAP_CLOSURE = 0.5  # image->text: (new->old - old->old) / (new->new - old->old)
+XBT_ROWS = ("xbt new->old", "xbt+anchor new->old", "xbt+pairs new->old")
 
 
 # The paper's recipe, with step counts that fit the benchmark's CPU budget.
@@ -124,13 +125,13 @@ def artifact_cell(art: Any, space: str, old_emb: tuple, gallery: Gallery) -> dic
     return cell(embed(load_encoder(art, space), gallery), old_emb, gallery)
 
 
-def train_variant(p: Any, phi: Any, cfg: XbtConfig, anchor: Any, out: Path,
+def train_variant(p: Any, phi: Any, cfg: XbtConfig, anchors: Any, out: Path,
                   name: str) -> tuple[Any, float]:
     """Stage 2 from the shared stage-1 phi; writes the version; (artifact, seconds)."""
     from training.xbt.upgrade import result_metrics, train_stage2, write_upgrade
 
     start = time.perf_counter()
-    result = train_stage2(p.adapters, phi, p.pairs, cfg, anchor)
+    result = train_stage2(p.adapters, phi, p.pairs, cfg, anchors)
     seconds = time.perf_counter() - start
     art = write_upgrade(p, phi, cfg, {"stage2": result_metrics(result)}, out / name,
                         version_id=name)
@@ -139,22 +140,33 @@ def train_variant(p: Any, phi: Any, cfg: XbtConfig, anchor: Any, out: Path,
 
 def run_upgrades(old: Any, new: Any, bench: XbtBench, old_emb: tuple, gallery: Gallery,
                  out: Path) -> tuple[dict[str, Any], dict[str, float]]:
-    """Stage 1 once, then XBT, XBT+anchor and Direct from fresh adapters: (cells, seconds)."""
-    from training.xbt.upgrade import direct, prepare, stage1, with_fresh_adapters, write_upgrade
+    """Stage 1 once (caching every anchor), then XBT without anchors, with the corpus
+    anchor, with both anchors, and Direct, each from fresh adapters: (cells, seconds)."""
+    from training.xbt.upgrade import (
+        Anchors,
+        direct,
+        prepare,
+        stage1,
+        with_fresh_adapters,
+        write_upgrade,
+    )
 
     cfg = bench.config
-    with_anchor = replace(cfg, anchor=True)
-    p = prepare(old, new, f"synth:{bench.corpus}", paired_set(bench.pairs), with_anchor)
+    anchored = replace(cfg, anchor=True, pair_anchor=True)
+    p = prepare(old, new, f"synth:{bench.corpus}", paired_set(bench.pairs), anchored)
     start = time.perf_counter()
-    phi1, anchor, _ = stage1(p, with_anchor)
+    phi1, anchors, _ = stage1(p, anchored)
     seconds = {"stage1": time.perf_counter() - start}
     cells = {"phi text-only new->old": text_only_cell(p, phi1, old_emb, gallery)}
-    art, seconds["stage2"] = train_variant(p, copy.deepcopy(phi1), cfg, None, out, "xbt")
-    cells["xbt new->old"] = artifact_cell(art, old.space, old_emb, gallery)
-    fresh = with_fresh_adapters(p, with_anchor)
-    art, seconds["stage2_anchor"] = train_variant(fresh, copy.deepcopy(phi1), with_anchor, anchor,
-                                                  out, "xbt-anchor")
-    cells["xbt+anchor new->old"] = artifact_cell(art, old.space, old_emb, gallery)
+    variants = (("xbt", cfg, Anchors(), "stage2"),
+                ("xbt+anchor", replace(cfg, anchor=True), Anchors(corpus=anchors.corpus),
+                 "stage2_anchor"),
+                ("xbt+pairs", anchored, anchors, "stage2_pairs"))
+    for k, (name, variant_cfg, variant_anchors, timing) in enumerate(variants):
+        fresh = p if k == 0 else with_fresh_adapters(p, variant_cfg)
+        art, seconds[timing] = train_variant(fresh, copy.deepcopy(phi1), variant_cfg,
+                                             variant_anchors, out, name.replace("+", "-"))
+        cells[f"{name} new->old"] = artifact_cell(art, old.space, old_emb, gallery)
     direct_cfg = replace(cfg, method="direct")
     fresh = with_fresh_adapters(p, direct_cfg)
     start = time.perf_counter()
@@ -184,7 +196,7 @@ def check_targets(cells: dict[str, Any]) -> tuple[dict[str, Any], dict[str, bool
     closures = {name: {d: gap_closure(cells, name, d) for d in ("i2t", "t2i")}
                 for name in cells if name.endswith("new->old")}
     targets: dict[str, bool] = {}
-    for name in ("xbt new->old", "xbt+anchor new->old"):
+    for name in XBT_ROWS:
         tag = name.split()[0]
         for d in ("i2t", "t2i"):
             targets[f"{tag} {d} R@1 >= old->old + {MARGIN}"] = (
@@ -246,7 +258,8 @@ def render(result: dict[str, Any]) -> str:
         lines.append(f"{name:23}  {_recalls(c, 't2i'):19}  {_recalls(c, 'i2t'):19}  {closed}")
     s, b, g = result["seconds"], result["backfill"], result["gallery_used_for_evaluation_only"]
     lines += [(f"wall s: stage 1 {s['stage1']:.0f} | stage 2 {s['stage2']:.0f} "
-              f"(+anchor {s['stage2_anchor']:.0f}) | direct {s['direct']:.0f}"),
+              f"(+anchor {s['stage2_anchor']:.0f}, +pairs {s['stage2_pairs']:.0f}) | "
+              f"direct {s['direct']:.0f}"),
               (f"backfill with NEW: {b['test_gallery_seconds']:.1f} s for {b['test_gallery_items']} "
               f"items ({b['per_item_ms']:.2f} ms/item) -> 1M {b['1M_hours']:.1f} h, "
               f"1B {b['1B_hours']:.0f} h"),

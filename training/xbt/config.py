@@ -88,6 +88,12 @@ class XbtConfig:
     anchor: bool = _f(False, "add L_c(phi(w_new), w_old) on the old text embeddings cached in "
                              "stage 1 to stage 2 (keeps the text side in the old space)")
     anchor_weight: float = _f(1.0, "weight of the anchoring term")
+    pair_anchor: bool = _f(False, "add L_c(phi(v_new), w_old) + L_c(phi(w_new), v_old) on the "
+                                  "paired set's old image and caption embeddings, cached in "
+                                  "stage 1 with the old model (not run in stage 2): trains the "
+                                  "two retrievals the gate measures, new queries against an "
+                                  "old gallery")
+    pair_anchor_weight: float = _f(1.0, "weight of the pair anchoring term")
     # adapters
     lora_r: int = _f(16, "LoRA rank")
     lora_alpha: float = _f(16.0, "LoRA alpha (scaling = alpha / r)")
@@ -107,14 +113,14 @@ class XbtConfig:
         for name in ("pretrain_lr", "lr", "prompt_lr"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
-        if self.weight_decay < 0 or self.anchor_weight < 0:
-            raise ConfigError("weight_decay and anchor_weight must be >= 0")
+        if self.weight_decay < 0 or self.anchor_weight < 0 or self.pair_anchor_weight < 0:
+            raise ConfigError("weight_decay, anchor_weight and pair_anchor_weight must be >= 0")
         if not math.isfinite(self.log_logit_scale) or math.exp(self.log_logit_scale) > 100:
             raise ConfigError(f"log_logit_scale {self.log_logit_scale} gives a logit scale "
                               f"above 100 (the clamp of every contrastive loss); use <= 4.6052")
-        if self.anchor and self.method == "direct":
-            raise ConfigError("anchor applies to method 'xbt' (Direct already trains against "
-                              "the old model); drop --anchor or use --method xbt")
+        if (self.anchor or self.pair_anchor) and self.method == "direct":
+            raise ConfigError("anchor and pair_anchor apply to method 'xbt' (Direct already "
+                              "trains against the old model); drop them or use --method xbt")
         self.adapter_config()  # validates the LoRA / prompt fields
         self.pretrain_config()  # validates steps, batch sizes, warmup and schedule
         self.stage2_config()

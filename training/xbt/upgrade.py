@@ -7,7 +7,8 @@ Learning for Vision-Language Models"):
    model, and train phi with ``L_pre = L_c(phi(w_new + eps), w_old)``.
 2. Stage 2 (image-text pairs, no old model): LoRA on both new towers, visual soft
    prompts, LayerNorm deltas, and phi's LayerNorms train with
-   ``L_x = L_c(phi(v_new), phi(w_new))`` (+ optional anchoring on cached w_old).
+   ``L_x = L_c(phi(v_new), phi(w_new))`` (+ optional anchoring terms on old embeddings
+   cached in stage 1: the corpus' old text, and the paired set's old images and captions).
 The Direct baseline instead trains a random phi end to end against the old model.
 The result is a version artifact whose route into the target space runs the base
 model + adapters + phi; its native route is the untouched new model.
@@ -123,18 +124,37 @@ class Anchor:
     old: torch.Tensor  # [N, D_old]
 
 
+@dataclass
+class PairAnchor:
+    """The paired set embedded by the old version in stage 1 (row i = pair image i /
+    caption i of ``PairTensors``)."""
+
+    images: torch.Tensor  # [N, D_old]
+    texts: torch.Tensor  # [M, D_old]
+
+
+@dataclass
+class Anchors:
+    """Old embeddings that stage 2 may anchor to; either part is None when not configured."""
+
+    corpus: Anchor | None = None
+    pairs: PairAnchor | None = None
+
+
 class XbtTask:
     """Stage 2: ``L_x = L_c(phi(v_new), phi(w_new))`` through the adapted new towers.
 
-    Holds no old model: the optional anchoring term reads old text embeddings that
-    stage 1 cached.
+    Holds no old model: the optional anchoring terms read old embeddings that stage 1
+    cached (``anchors``).
     """
 
     def __init__(self, model: nn.Module, phi: Projector, pairs: PairTensors, cfg: XbtConfig,
-                 anchor: Anchor | None = None) -> None:
-        self.model, self.phi, self.pairs, self.cfg, self.anchor = model, phi, pairs, cfg, anchor
-        self.anchor_batches = (index_batches(len(anchor.tokens), cfg.batch_size, cfg.seed + 2)
-                               if anchor is not None else None)
+                 anchors: Anchors | None = None) -> None:
+        self.model, self.phi, self.pairs, self.cfg = model, phi, pairs, cfg
+        self.anchors = anchors or Anchors()
+        corpus = self.anchors.corpus
+        self.anchor_batches = (index_batches(len(corpus.tokens), cfg.batch_size, cfg.seed + 2)
+                               if corpus is not None else None)
 
     def losses(self, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, torch.Tensor]:
         images, captions = batch
@@ -143,12 +163,17 @@ class XbtTask:
             self.pairs.pixels[images].float().to(device)))
         w = to_old_space(self.phi, self.model.encode_text(self.pairs.tokens[captions].to(device)))
         out = {"xbt_loss": xbt_loss(v, w, self.cfg.logit_scale)}
-        if self.anchor is not None and self.anchor_batches is not None:
+        corpus, paired = self.anchors.corpus, self.anchors.pairs
+        if corpus is not None and self.anchor_batches is not None:
             idx = next(self.anchor_batches)
             w_anchor = to_old_space(self.phi, self.model.encode_text(
-                self.anchor.tokens[idx].to(device)))  # [B, D_old]
+                corpus.tokens[idx].to(device)))  # [B, D_old]
             out["anchor_loss"] = self.cfg.anchor_weight * xbt_anchor_loss(
-                w_anchor, self.anchor.old[idx].to(device), self.cfg.logit_scale)
+                w_anchor, corpus.old[idx].to(device), self.cfg.logit_scale)
+        if paired is not None:  # the same batch against its cached old embeddings
+            out["pair_anchor_loss"] = self.cfg.pair_anchor_weight * xbt_direct_loss(
+                v, w, paired.images[images].to(device), paired.texts[captions].to(device),
+                self.cfg.logit_scale)
         return out
 
 
@@ -175,7 +200,7 @@ def stage2_groups(adapters: Adapters, phi: Projector, cfg: XbtConfig,
 
 
 def train_stage2(adapters: Adapters, phi: Projector, pairs: PairTensors, cfg: XbtConfig,
-                 anchor: Anchor | None = None, show_progress: bool = True,
+                 anchors: Anchors | None = None, show_progress: bool = True,
                  on_progress: OnProgress = None) -> TrainResult:
     """Stage 2 on image-text pairs (``adapters.model`` is the new model). Takes no old
     model: XBT never runs it here."""
@@ -184,7 +209,7 @@ def train_stage2(adapters: Adapters, phi: Projector, pairs: PairTensors, cfg: Xb
     adapters.train_mode()
     phi.train()
     try:
-        return train(XbtTask(model, phi, pairs, cfg, anchor),
+        return train(XbtTask(model, phi, pairs, cfg, anchors),
                      pair_index_batches(pairs, cfg.batch_size, cfg.seed), groups,
                      cfg.stage2_config(), desc="xbt stage 2 (pairs)", show_progress=show_progress,
                      on_progress=on_progress)
@@ -311,28 +336,30 @@ def free_memory() -> None:
 
 # ---------------------------------------------------------------------------- the stages
 def cache_text(p: Prepared, cfg: XbtConfig,
-               show_progress: bool = True) -> tuple[TextCache, Anchor | None]:
-    """Embed the corpus with the old version (then release it) and the off-the-shelf new model."""
+               show_progress: bool = True) -> tuple[TextCache, Anchors]:
+    """Embed the corpus (and, for ``pair_anchor``, the paired set) with the old version,
+    then release it; embed the corpus with the off-the-shelf new model."""
     old_encoder = open_old(p)
     old = embed_corpus(old_encoder, p.corpus, "old text (cache)", show_progress)
+    paired = PairAnchor(*_old_pair_embeddings(p, old_encoder)) if cfg.pair_anchor else None
     del old_encoder  # the old model is never needed again by XBT
     free_memory()
     with p.adapters.disabled():
         new = embed_corpus(p.encoder, p.corpus, "new text (cache)", show_progress)
-    anchor = Anchor(p.encoder.tokenize(p.corpus), old) if cfg.anchor else None
-    return TextCache(new, old), anchor
+    corpus = Anchor(p.encoder.tokenize(p.corpus), old) if cfg.anchor else None
+    return TextCache(new, old), Anchors(corpus, paired)
 
 
 def stage1(p: Prepared, cfg: XbtConfig, show_progress: bool = True,
-           on_progress: OnProgress = None) -> tuple[Projector, Anchor | None, dict[str, Any]]:
+           on_progress: OnProgress = None) -> tuple[Projector, Anchors, dict[str, Any]]:
     """Cache the corpus embeddings and pretrain a fresh phi on them."""
     start = time.perf_counter()
-    cache, anchor = cache_text(p, cfg, show_progress)
+    cache, anchors = cache_text(p, cfg, show_progress)
     cached = time.perf_counter() - start
     torch.manual_seed(cfg.seed)
     phi = Projector(p.new_dim, p.target_dim).to(p.device)
     result = pretrain_projector(phi, cache, cfg, show_progress, on_progress)
-    return phi, anchor, {"corpus_captions": len(p.corpus), "cache_seconds": cached,
+    return phi, anchors, {"corpus_captions": len(p.corpus), "cache_seconds": cached,
                          **result_metrics(result)}
 
 
@@ -340,7 +367,7 @@ def direct(p: Prepared, cfg: XbtConfig, show_progress: bool = True,
            on_progress: OnProgress = None) -> tuple[Projector, dict[str, Any]]:
     """The Direct baseline: embed the pairs with the old model once, then train end to end."""
     start = time.perf_counter()
-    old_images, old_texts = _old_pair_embeddings(p)
+    old_images, old_texts = _old_pair_embeddings(p, open_old(p))
     free_memory()
     cached = time.perf_counter() - start
     torch.manual_seed(cfg.seed)
@@ -350,9 +377,8 @@ def direct(p: Prepared, cfg: XbtConfig, show_progress: bool = True,
     return phi, {"cache_seconds": cached, **result_metrics(result)}
 
 
-def _old_pair_embeddings(p: Prepared) -> tuple[torch.Tensor, torch.Tensor]:
+def _old_pair_embeddings(p: Prepared, old: Encoder) -> tuple[torch.Tensor, torch.Tensor]:
     """(images [N, D_old], captions [M, D_old]) of the paired set by the old version."""
-    old = open_old(p)
     if get_model_preprocess_cfg(old.model) == get_model_preprocess_cfg(p.model):
         images = old.encode_image_tensors(p.pairs.pixels)  # same preprocessing: reuse pixels
     else:
@@ -398,8 +424,8 @@ def train_upgrade(p: Prepared, cfg: XbtConfig, show_progress: bool = True,
     if cfg.method == "direct":
         phi, metrics = direct(p, cfg, show_progress, on_progress)
         return phi, {**pairs, "direct": metrics}
-    phi, anchor, pretrain = stage1(p, cfg, show_progress, on_progress)
-    result = train_stage2(p.adapters, phi, p.pairs, cfg, anchor, show_progress, on_progress)
+    phi, anchors, pretrain = stage1(p, cfg, show_progress, on_progress)
+    result = train_stage2(p.adapters, phi, p.pairs, cfg, anchors, show_progress, on_progress)
     return phi, {**pairs, "pretrain": pretrain, "stage2": result_metrics(result)}
 
 
