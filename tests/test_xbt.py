@@ -22,12 +22,12 @@ from training.compat import compatibility_of_artifacts
 from training.data import PairDataset, generate_items, write_dataset
 from training.encoders import Encoder, ModelSpec, create_model, create_tokenizer
 from training.errors import ConfigError, DataError
+from training.losses import clip_loss
 from training.trainer import TrainConfig
 from training.versions import load_encoder
 from training.xbt import upgrade as up
 from training.xbt.adapters import Adapters, LoraSelfAttention
 from training.xbt.config import XbtConfig
-from training.losses import clip_loss
 from training.xbt.projector import Projector, ProjectorHead, to_old_space
 from training.xbt.prompts import VisualPrompts
 
@@ -282,7 +282,7 @@ def test_pair_anchor_term_is_direct_loss_on_cached_old_pair_embeddings(bases, wo
     embeddings of the same images and captions, cached in stage 1 (old model released)."""
     cfg = XbtConfig(**{**TINY, "pair_anchor": True, "pair_anchor_weight": 0.5})
     p = up.prepare(bases["v1"], bases["new"], CORPUS, world, cfg, show_progress=False)
-    cache, anchors = up.cache_text(p, cfg, show_progress=False)
+    _, anchors = up.cache_text(p, cfg, show_progress=False)
     assert anchors.corpus is None and anchors.pairs is not None
     old = load_encoder(bases["v1"], device="cpu")
     want_images = old.encode_image_tensors(p.pairs.pixels)
