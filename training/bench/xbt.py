@@ -4,8 +4,9 @@ Starts from the two models of ``bench base`` (``--base DIR`` holds ``old/`` and 
 OLD embeds the gallery; NEW is upgraded. On the held-out test set of ``bench base``
 it reports R@1/5/10 in both directions for old->old, new->new, the text-only phi
 (after stage 1) new->old, the Direct baseline new->old, and XBT new->old without
-anchoring, with the corpus anchor (METHODS.md) and with the corpus and pair anchors; wall times of stage 1, stage 2 and Direct; and the time
-the NEW model takes to re-embed the test gallery, extrapolated to 1M and 1B items.
+anchoring, with the corpus anchor (METHODS.md) and with the corpus and pair anchors;
+wall times of stage 1, stage 2 and Direct; and the time the NEW model takes to re-embed
+the test gallery, extrapolated to 1M and 1B items.
 
 The upgrade never reads the gallery, so its cost does not depend on gallery size:
 the test gallery below is used for evaluation only.
@@ -146,14 +147,7 @@ def run_upgrades(old: Any, new: Any, bench: XbtBench, old_emb: tuple, gallery: G
                  out: Path) -> tuple[dict[str, Any], dict[str, float]]:
     """Stage 1 once (caching every anchor), then XBT without anchors, with the corpus
     anchor, with both anchors, and Direct, each from fresh adapters: (cells, seconds)."""
-    from training.xbt.upgrade import (
-        Anchors,
-        direct,
-        prepare,
-        stage1,
-        with_fresh_adapters,
-        write_upgrade,
-    )
+    from training.xbt.upgrade import direct, prepare, stage1, with_fresh_adapters, write_upgrade
 
     cfg = bench.config
     anchored = replace(cfg, anchor=True, pair_anchor=True)
@@ -162,14 +156,13 @@ def run_upgrades(old: Any, new: Any, bench: XbtBench, old_emb: tuple, gallery: G
     phi1, anchors, _ = stage1(p, anchored)
     seconds = {"stage1": time.perf_counter() - start}
     cells = {"phi text-only new->old": text_only_cell(p, phi1, old_emb, gallery)}
-    variants = (("xbt", cfg, Anchors(), "stage2"),
-                ("xbt+anchor", replace(cfg, anchor=True), Anchors(corpus=anchors.corpus),
-                 "stage2_anchor"),
-                ("xbt+pairs", anchored, anchors, "stage2_pairs"))
-    for k, (name, variant_cfg, variant_anchors, timing) in enumerate(variants):
+    variants = (("xbt", cfg, "stage2"), ("xbt+anchor", replace(cfg, anchor=True), "stage2_anchor"),
+                ("xbt+pairs", anchored, "stage2_pairs"))
+    for k, (name, variant_cfg, timing) in enumerate(variants):
+        # each variant's config picks the cached anchors it uses (Anchors.for_config)
         fresh = p if k == 0 else with_fresh_adapters(p, variant_cfg)
-        art, seconds[timing] = train_variant(fresh, copy.deepcopy(phi1), variant_cfg,
-                                             variant_anchors, out, name.replace("+", "-"))
+        art, seconds[timing] = train_variant(fresh, copy.deepcopy(phi1), variant_cfg, anchors,
+                                             out, name.replace("+", "-"))
         cells[f"{name} new->old"] = artifact_cell(art, old.space, old_emb, gallery)
     direct_cfg = replace(cfg, method="direct")
     fresh = with_fresh_adapters(p, direct_cfg)

@@ -140,6 +140,11 @@ class Anchors:
     corpus: Anchor | None = None
     pairs: PairAnchor | None = None
 
+    def for_config(self, cfg: XbtConfig) -> Anchors:
+        """The parts ``cfg`` asks for (``anchor``, ``pair_anchor``); the rest is dropped."""
+        return Anchors(self.corpus if cfg.anchor else None,
+                       self.pairs if cfg.pair_anchor else None)
+
 
 class XbtTask:
     """Stage 2: ``L_x = L_c(phi(v_new), phi(w_new))`` through the adapted new towers.
@@ -151,7 +156,7 @@ class XbtTask:
     def __init__(self, model: nn.Module, phi: Projector, pairs: PairTensors, cfg: XbtConfig,
                  anchors: Anchors | None = None) -> None:
         self.model, self.phi, self.pairs, self.cfg = model, phi, pairs, cfg
-        self.anchors = anchors or Anchors()
+        self.anchors = (anchors or Anchors()).for_config(cfg)
         corpus = self.anchors.corpus
         self.anchor_batches = (index_batches(len(corpus.tokens), cfg.batch_size, cfg.seed + 2)
                                if corpus is not None else None)
