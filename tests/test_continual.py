@@ -396,6 +396,30 @@ def test_language_phase_grows_the_vocabulary_and_keeps_the_image_tower(
     assert torch.equal(encoder.tokenizer("a red circle"), english)
 
 
+@pytest.mark.parametrize("protect", [False, True])
+def test_teir_protect_teacher_tokens_keeps_english_bit_identical(
+        protect: bool, base: Artifact, small_world: PairDataset, tmp_path: Path) -> None:
+    from training.versions import load_encoder
+
+    config = get_strategy("teir").Config(protect_teacher_tokens=protect, lr=1e-2)
+    art = _phase(base, "teir", small_world, tmp_path / "es", config, language="es")
+    shared = load_encoder(base, device="cpu").tokenizer("a")[0, 1]  # English "a", Spanish "a"
+    parent = native_model(base).state_dict()["token_embedding.weight"]
+    child = native_model(art).state_dict()["token_embedding.weight"]
+    english = ["a red circle on the left", "a small blue square above a green triangle"]
+    same = np.array_equal(load_encoder(base, device="cpu").encode_texts(english),
+                          load_encoder(art, device="cpu").encode_texts(english))
+    assert torch.equal(parent[shared], child[shared]) is protect
+    assert same is protect  # unprotected, the shared row moves and English embeddings change
+    protected = art.manifest["phase"]["tokens_protected"]
+    assert (protected > 0) is protect and not torch.equal(parent, child[:len(parent)])
+
+
+def test_protecting_english_rows_needs_row_scaling() -> None:
+    with pytest.raises(ConfigError, match="needs scale_rows"):
+        get_strategy("cll-clip").Config(protect_teacher_tokens=True)
+
+
 # ---------------------------------------------------------------- bad input
 
 

@@ -28,9 +28,13 @@ from training.data import DEFAULT_DOMAINS, PairDataset, generate_items
 LANGUAGES = ("de", "es", "ru")
 TEST_SEED = 40_000
 # A phase of a few hundred steps needs a larger learning rate than the paper's 5e-5 over
-# three epochs of COCO; everything else is the METHODS.md default.
+# three epochs of COCO; everything else is the METHODS.md default. ``teir-protect`` adds
+# the option beyond METHODS.md that keeps English's own token rows still: under the
+# METHODS.md rule a row shared with English (Spanish "a") still moves at full speed,
+# because Adam divides a constant gradient scale out again.
 BENCH_OVERRIDES: dict[str, tuple[str, dict[str, Any]]] = {
     "teir": ("teir", {"lr": 5e-3}),
+    "teir-protect": ("teir", {"lr": 5e-3, "protect_teacher_tokens": True}),
     "cll-clip": ("cll-clip", {"lr": 5e-3}),
 }
 RATIO = 0.7  # each new language's R@1 >= RATIO x English R@1
@@ -122,19 +126,21 @@ def run_variant(name: str, method: str, overrides: dict[str, Any], base: Any,
 
 
 def check_targets(result: dict[str, Any]) -> dict[str, bool | None]:
+    """The issue's TEIR targets, for every variant that runs ``teir``."""
     variants, start = result["variants"], result["start"]
-    teir = variants.get("teir")
-    targets: dict[str, bool | None] = {}
-    if teir is None:
+    teirs = {name: v for name, v in variants.items() if v["method"] == "teir"}
+    if not teirs:
         return {"teir run": None}
-    rows = teir["phases"]
-    targets[f"teir: each new language R@1 >= {RATIO} x English"] = all(
-        r["r1"][r["language"]] >= RATIO * r["r1"]["en"] for r in rows)
-    targets[f"teir: English R@1 drops <= {ENGLISH_DROP}"] = all(
-        start["en"] - r["r1"]["en"] <= ENGLISH_DROP for r in rows)
-    if "cll-clip" in variants:
-        targets["teir >= cll-clip (final R@1 averaged over new languages)"] = (
-            teir["final_new_language_r1"] >= variants["cll-clip"]["final_new_language_r1"])
+    targets: dict[str, bool | None] = {}
+    for name, v in teirs.items():
+        rows = v["phases"]
+        targets[f"{name}: each new language R@1 >= {RATIO} x English"] = all(
+            r["r1"][r["language"]] >= RATIO * r["r1"]["en"] for r in rows)
+        targets[f"{name}: English R@1 drops <= {ENGLISH_DROP}"] = all(
+            start["en"] - r["r1"]["en"] <= ENGLISH_DROP for r in rows)
+        if "cll-clip" in variants:
+            targets[f"{name} >= cll-clip (final R@1 averaged over new languages)"] = (
+                v["final_new_language_r1"] >= variants["cll-clip"]["final_new_language_r1"])
     targets["image tower bit-identical after every phase"] = all(
         r["image_tower_identical"] for v in variants.values() for r in v["phases"])
     return targets
@@ -166,7 +172,8 @@ def render(result: dict[str, Any]) -> str:
     lines = ["text->image R@1 per language (row 'old': the English-only start)"]
     for name, v in result["variants"].items():
         lines += [(f"== {name} (lr {v['config']['lr']:g}, init {v['config']['init']}, "
-                   f"row scaling {v['config']['scale_rows']})"),
+                   f"row scaling {v['config']['scale_rows']}, English rows protected "
+                   f"{v['config']['protect_teacher_tokens']})"),
                   "after      " + " ".join(f"{c:>6}" for c in cols)
                   + "  en change  new tokens  image tower  secs",
                   "old        " + " ".join(f"{result['start'][c]:6.3f}" for c in cols)]

@@ -62,6 +62,9 @@ class TeirConfig(StrategyConfig):
     init_std: float = 0.02
     scale_rows: bool = field(default=True, metadata={
         "help": "scale each row's gradient and weight decay by c_v / f_v inside AdamW"})
+    protect_teacher_tokens: bool = field(default=False, metadata={
+        "help": "beyond METHODS.md: rows of tokens that the phase's English captions use get "
+                "scale 0, so English queries embed bit-identically (needs scale_rows)"})
     max_merges: int = field(default=10_000, metadata={
         "help": "most BPE merges learned from the new language's captions"})
     min_pair_count: int = field(default=2, metadata={"help": "rarest pair that becomes a merge"})
@@ -77,6 +80,9 @@ class TeirConfig(StrategyConfig):
             raise ConfigError(f"init must be one of {INITS}, got {self.init!r}")
         if self.max_merges < 0 or self.min_pair_count < 1:
             raise ConfigError("max_merges must be >= 0 and min_pair_count >= 1")
+        if self.protect_teacher_tokens and not self.scale_rows:
+            raise ConfigError("protect_teacher_tokens works through the per-row scale: it "
+                              "needs scale_rows=true")
         if not 0 < self.temperature_min <= self.temperature <= self.temperature_max:
             raise ConfigError("need 0 < temperature_min <= temperature <= temperature_max")
 
@@ -239,13 +245,18 @@ class Teir(Strategy):
         self.captions = LanguagePairs.of(ctx, ctx.options.language)
 
     def setup(self, ctx: PhaseContext) -> PhaseSetup:
-        teacher_text, teacher_image = self._teacher(ctx)  # the parent, before it grows
+        teacher_tokens, teacher_text, teacher_image = self._teacher(ctx)  # parent, before growth
         self._grow(ctx)
         tokens = ctx.tokenizer(self.captions.foreign)  # [M, context], grown vocabulary
         rows = ctx.model.token_embedding.num_embeddings
         self.used = torch.bincount(tokens.flatten(), minlength=rows) > 0  # [V] c_v
+        old_rows = rows - len(self.added)
         self.frequency = grown_frequency(ctx.state.get(NAMESPACE, {}).get("frequency"),
-                                         rows - len(self.added), len(self.added))
+                                         old_rows, len(self.added))
+        self.protected = torch.zeros(rows, dtype=torch.bool)  # [V] rows kept for English
+        if self.config.protect_teacher_tokens:
+            self.protected[:old_rows] = torch.bincount(teacher_tokens.flatten(),
+                                                       minlength=old_rows) > 0
         task = TeirTask(ctx.model, tokens, teacher_text, teacher_image, self.captions.owners,
                         self.config)
         groups = self._groups(ctx, [*ctx.tokenizer.all_special_ids, 0])  # PAD is id 0
@@ -254,8 +265,9 @@ class Teir(Strategy):
         return PhaseSetup(task, batches, groups, optimizer_cls=RowScaledAdamW)
 
     @torch.no_grad()
-    def _teacher(self, ctx: PhaseContext) -> tuple[torch.Tensor, torch.Tensor]:
-        """([M, D] unnormalised English caption embeddings, [N, D] normalised images)."""
+    def _teacher(self, ctx: PhaseContext) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """([M, context] English tokens, [M, D] their unnormalised embeddings, [N, D]
+        normalised image embeddings), all from the parent."""
         model, chunk = ctx.model.eval(), 256
         tokens = ctx.tokenizer(self.captions.english)
         pixels = ctx.pairs().pixels
@@ -264,7 +276,7 @@ class Teir(Strategy):
         image = torch.cat([model.encode_image(pixels[s:s + chunk].float().to(ctx.device),
                                               normalize=True).cpu()
                            for s in range(0, len(pixels), chunk)])
-        return text, image
+        return tokens, text, image
 
     def _grow(self, ctx: PhaseContext) -> None:
         """Learn the language's merges, extend the tokenizer, grow the embedding and spec."""
@@ -279,7 +291,7 @@ class Teir(Strategy):
 
     def _groups(self, ctx: PhaseContext, special_ids: list[int]) -> list[dict[str, Any]]:
         """The token embedding's group carries the per-row scale; other trainables are plain."""
-        scale = token_scale(self.frequency, self.used, special_ids)
+        scale = token_scale(self.frequency, self.used & ~self.protected, special_ids)
         groups = []
         for name, param in select_trainable(ctx.model, self.config.trainable):
             group: dict[str, Any] = {"params": [param]}
@@ -295,7 +307,8 @@ class Teir(Strategy):
 
     def report(self) -> dict[str, Any]:
         return {"merges": len(self.merges), "new_tokens": len(self.added),
-                "tokens_used": int(self.used.sum())}
+                "tokens_used": int(self.used.sum()),
+                "tokens_protected": int((self.used & self.protected).sum())}
 
 
 @register_strategy("cll-clip")
