@@ -471,3 +471,23 @@ def test_help_of_the_continual_commands(command: list[str],
         build_parser().parse_args([*command, "--help"])
     assert exc.value.code == 0
     assert "usage: nobackfill" in capsys.readouterr().out
+
+
+def test_bench_language_checks_the_targets_of_every_teir_variant() -> None:
+    from training.bench.language import check_targets
+
+    def variant(method: str, en: float, new: float) -> dict:
+        phases = [{"language": lang, "r1": {"en": en, lang: new}, "image_tower_identical": True}
+                  for lang in ("de", "ru")]
+        return {"method": method, "phases": phases, "final_new_language_r1": new}
+
+    result = {"start": {"en": 0.6}, "variants": {
+        "teir": variant("teir", 0.55, 0.5), "teir-protect": variant("teir", 0.6, 0.45),
+        "cll-clip": variant("cll-clip", 0.4, 0.48)}}
+    targets = check_targets(result)
+    assert targets["teir: English R@1 drops <= 0.01"] is False  # dropped 0.05
+    assert targets["teir-protect: English R@1 drops <= 0.01"] is True
+    assert targets["teir-protect: each new language R@1 >= 0.7 x English"] is True
+    assert targets["teir-protect >= cll-clip (final R@1 averaged over new languages)"] is False
+    assert targets["teir >= cll-clip (final R@1 averaged over new languages)"] is True
+    assert not any("cll-clip:" in name for name in targets)  # the baseline has no targets
