@@ -1,8 +1,9 @@
 """``nobackfill bench language``: add German, Spanish and Russian to an English-only model.
 
 Starts from ``--base DIR``/old (English captions only) and adds one language per phase,
-in order de, es, ru (Russian: a non-Latin script), with ``teir`` (CLL-CLIP with TEIR)
-and with the plain CLL-CLIP baseline (``cll-clip``). Each phase trains on parallel
+in order de, es, ru (Russian: a non-Latin script), with ``teir`` (CLL-CLIP with TEIR),
+``teir-protect`` (the same with ``protect_teacher_tokens``) and the plain CLL-CLIP
+baseline (``cll-clip``). Each phase trains on parallel
 captions (a new language and English) of all five domains. It prints the text->image
 R@1 matrix (rows: after each phase; columns: English and every language, so the row
 "old" shows the zero-shot start), English retention, and whether the image tower is

@@ -11,6 +11,12 @@ existing ones and scales each row's gradient and weight decay inside AdamW by
 s_v = c_v / f_v (c_v: token used by this language, f_v: how often it was learned
 before; state namespace ``teir``). ``cll-clip`` is the plain baseline: new rows from
 N(0, 0.02) and no scaling.
+
+Adam divides a constant gradient scale out of its step, so a row that English shares with
+the new language (Spanish "a") moves at full speed under s_v = 1/2. The option
+``protect_teacher_tokens`` (beyond METHODS.md, off by default) gives the rows of tokens in
+the phase's English captions scale 0: they never move, and English queries embed bit for
+bit as before the phase.
 """
 
 from __future__ import annotations
