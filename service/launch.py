@@ -3,7 +3,7 @@
 Bootstraps a demo on first start (``service.bootstrap``), starts one embedded worker
 (``python -m worker``, a child process on the same settings: filesystem broker unless
 ``NOBACKFILL_BROKER_URL`` is set), then runs the gateway in the foreground. Ctrl-C
-stops both.
+or SIGTERM stops both.
 """
 
 from __future__ import annotations
@@ -46,12 +46,14 @@ def start_worker(env: Env | None = None, log_file: Path | None = None) -> subpro
     log.info("starting the embedded worker (python -m worker)")
     out = open(log_file, "w") if log_file else None  # noqa: SIM115 (the child keeps it)
     try:
-        return subprocess.Popen([sys.executable, "-m", "worker"], env=env, cwd=REPO,
+        proc = subprocess.Popen([sys.executable, "-m", "worker"], env=env, cwd=REPO,
                                 start_new_session=True, stdout=out,
                                 stderr=subprocess.STDOUT if out else None)
     finally:
         if out:
             out.close()
+    log.info("embedded worker started (pid %d)", proc.pid)
+    return proc
 
 
 def free_port() -> int:
@@ -102,12 +104,20 @@ def stop(process: subprocess.Popen, timeout_s: float = 20) -> None:
             process.wait()
 
 
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     settings = Settings()
     if not settings.admin_api_keys:
         log.warning("no admin key is set, so admin routes (ingest, models, jobs) answer 401; "
                     "set one: NOBACKFILL_ADMIN_API_KEYS='{\"ops\": \"change-me\"}' make serve")
+    # SIGTERM (docker stop, kill) must unwind through the finally below like Ctrl-C does:
+    # uvicorn re-raises the signal it caught once it has shut down, and the default
+    # SIGTERM action would end this process there and orphan the worker.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     bootstrap(settings)
     worker = start_worker()
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import subprocess
 import sys
 import time
@@ -45,6 +46,20 @@ def launched(data: Path, port: int, log: Path) -> Iterator[str]:
         stop(proc, 30)
 
 
+def _alive(pid: int) -> bool:
+    """Whether a process exists and is not a zombie (waits up to 10 s for it to go)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+        if state == "Z":
+            return False
+        time.sleep(0.2)
+    return True
+
+
 def test_serve_bootstraps_once_and_answers(tmp_path: Path) -> None:
     data = tmp_path / "data"
     with launched(data, free_port(), tmp_path / "first.log") as base:
@@ -58,7 +73,8 @@ def test_serve_bootstraps_once_and_answers(tmp_path: Path) -> None:
         assert thumb.status_code == 200 and thumb.content[:4] == b"\x89PNG"
     first = (tmp_path / "first.log").read_text()
     assert "step 1/4" in first and "step 4/4: bootstrap done" in first
-    assert "embedded worker" in first
+    worker = int(re.search(r"embedded worker started \(pid (\d+)\)", first).group(1))
+    assert not _alive(worker)  # SIGTERM to the launcher stopped its worker too
     with launched(data, free_port(), tmp_path / "second.log") as base:
         gallery = httpx.get(f"{base}/v1/galleries/demo", headers={"X-API-Key": KEY}).json()
         assert gallery["items"] == 40
