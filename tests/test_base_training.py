@@ -6,12 +6,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from training.artifacts import load_artifact
 from training.base import train_base
 from training.data import PairDataset
 from training.errors import ConfigError, DataError
-from training.trainer import TrainConfig, lr_factor
+from training.trainer import TrainConfig, lr_factor, make_optimizer
 from training.versions import load_encoder
 
 
@@ -56,6 +57,28 @@ def test_training_is_seeded(micro_spec, small_world: PairDataset, tmp_path: Path
     assert a.manifest["files"]["model.safetensors"] == b.manifest["files"]["model.safetensors"]
 
 
+def test_plain_adamw_runs_fused_and_matches_the_unfused_update() -> None:
+    torch.manual_seed(0)
+    weights = [torch.nn.Parameter(torch.randn(5, 3)) for _ in range(2)]
+    twins = [torch.nn.Parameter(w.detach().clone()) for w in weights]
+    cfg = TrainConfig(steps=10)
+    fused = make_optimizer([{"params": iter(weights)}], cfg)  # a generator is read once only
+    plain = make_optimizer([{"params": twins}], cfg, optimizer_cls=_AdamWSubclass)
+    assert fused.defaults["fused"] is True and not plain.defaults.get("fused")
+    assert len(fused.param_groups[0]["params"]) == 2
+    for _ in range(3):
+        for opt, params in ((fused, weights), (plain, twins)):
+            opt.zero_grad()
+            sum((p ** 2).sum() for p in params).backward()
+            opt.step()
+    for a, b in zip(weights, twins, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+class _AdamWSubclass(torch.optim.AdamW):
+    """A custom AdamW (like TEIR's row-scaled one) keeps the unfused code path."""
+
+
 def test_schedule_warmup_then_cosine() -> None:
     cfg = TrainConfig(steps=100, warmup=0.1)
     assert lr_factor(0, cfg) == pytest.approx(0.1)
@@ -86,3 +109,15 @@ def test_existing_output_and_empty_data(micro_spec, small_world: PairDataset,
         train_base(micro_spec, small_world, cfg, tmp_path / "w", languages=("xx",),
                    show_progress=False)
     assert not (tmp_path / "w").exists()
+
+
+def test_bench_base_targets_each_fail_on_their_own() -> None:
+    from training.bench.base import check_targets
+
+    def model(t2i: float, i2t: float, seconds: float) -> dict:
+        return {"t2i": {"R@1": t2i}, "i2t": {"R@1": i2t}, "seconds": seconds}
+
+    assert all(check_targets(model(0.81, 0.8, 600), model(0.94, 0.9, 800)).values())
+    missed = check_targets(model(0.79, 0.8, 600), model(0.92, 0.79, 901))
+    assert {k for k, ok in missed.items() if not ok} == {
+        "old_t2i_r1>=0.80", "new_t2i_r1>=0.93", "new_better_i2t", "new_under_15_min"}

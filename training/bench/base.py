@@ -1,9 +1,18 @@
 """``nobackfill bench base``: the two standard tiny models of the synthetic world.
 
-OLD: small model, less data, a few minutes. NEW: more data and capacity. Both are
-evaluated on a held-out 1,000-image test set and kept under ``--out`` (the XBT
-and continual benchmarks start from them). Targets: OLD text->image R@1 >= 0.80,
-NEW >= 0.93, NEW better than OLD in both directions.
+OLD: small model, less data. NEW: more data and capacity. Both are evaluated on a
+held-out 1,000-image test set and kept under ``--out`` (the XBT and continual
+benchmarks start from them). Targets: OLD text->image R@1 >= 0.80, NEW >= 0.93, NEW
+better than OLD in both directions, NEW trained in under 15 minutes.
+
+The recipes are set by recall per CPU second on 2 cores. The image tower is what
+limits recall (linear probes on OLD's image embeddings: shape and position lag, text
+attributes do not), and only more optimizer steps fixed it: at 1,000 OLD steps
+t2i R@1 was 0.533; a higher image-tower lr (0.407), a smaller batch with twice the
+steps (0.505), AdamW beta2 0.98 (0.524), 3x more images (0.447) and 8-pixel patches
+(0.182 at 600 steps, 4x the cost) did not help. So OLD gets 3,000 steps (about 12
+minutes here, not the "few minutes" first planned) and NEW a cheaper step (text tower
+as wide as OLD's, image tower deeper and wider) so that it fits 2,700 steps in 15.
 """
 
 from __future__ import annotations
@@ -19,7 +28,7 @@ from typing import Any
 from training.data import DEFAULT_DOMAINS, PairDataset, generate_items
 
 TEST_SEED = 10_000
-TARGETS = {"old_t2i_r1": 0.80, "new_t2i_r1": 0.93}
+TARGETS = {"old_t2i_r1": 0.80, "new_t2i_r1": 0.93, "new_seconds": 15 * 60}
 
 
 @dataclass
@@ -36,8 +45,8 @@ class ModelRecipe:
 
 @dataclass
 class BaseBench:
-    old: ModelRecipe = field(default_factory=lambda: ModelRecipe("tiny-old", 4000, 1000, seed=1))
-    new: ModelRecipe = field(default_factory=lambda: ModelRecipe("tiny-new", 16000, 1600, seed=2))
+    old: ModelRecipe = field(default_factory=lambda: ModelRecipe("tiny-old", 4000, 3000, seed=1))
+    new: ModelRecipe = field(default_factory=lambda: ModelRecipe("tiny-new", 6000, 2700, seed=2))
     test_images: int = 1000
     domains: tuple[str, ...] = DEFAULT_DOMAINS
 
@@ -80,6 +89,7 @@ def check_targets(old: dict[str, Any], new: dict[str, Any]) -> dict[str, bool]:
         "new_t2i_r1>=0.93": new["t2i"]["R@1"] >= TARGETS["new_t2i_r1"],
         "new_better_t2i": new["t2i"]["R@1"] > old["t2i"]["R@1"],
         "new_better_i2t": new["i2t"]["R@1"] > old["i2t"]["R@1"],
+        "new_under_15_min": new["seconds"] < TARGETS["new_seconds"],
     }
 
 
