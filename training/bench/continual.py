@@ -15,7 +15,7 @@ embeddings (mean cosine before/after each phase, and against the original), wall
 per phase and time per step relative to ``seqft``. ``dns`` runs in two modes: the
 reference's (gradient projection) and ``dns-1s`` (one-sided on the image tower,
 projected updates). Bench settings that differ from METHODS.md defaults are in
-``BENCH_OVERRIDES`` (learning rates, Mod-X's alpha and CTP's topology weights, for
+``BENCH_OVERRIDES`` (DNS's learning rate and Mod-X's alpha, for
 phases of a hundred steps) and are printed with the results.
 """
 
@@ -41,15 +41,16 @@ DEFAULT_METHODS = ("seqft", "modx", "ctp", "ctp-er", "dns")
 # bench name -> [(variant name, registered method, config overrides)]
 BENCH_OVERRIDES: dict[str, list[tuple[str, str, dict[str, Any]]]] = {
     "seqft": [("seqft", "seqft", {})],
-    # alpha 3 (METHODS.md 20): in phases of 100 steps alpha 20 holds the model so close to
-    # the old one that its new-domain R@1 trails seqft's by ~0.09; alpha 2..5 keep
-    # forgetting under half of seqft's (measured 0.040..0.042 against 0.084)
-    "modx": [("modx", "modx", {"alpha": 3.0})],
-    # topology weights 0.85 (METHODS.md 1.0): at 1.0 new-domain R@1 trailed seqft's by 0.054;
-    # at 0.75 forgetting rose to 0.043, just over half of seqft's
-    "ctp": [("ctp", "ctp", {"lr": 5e-4, "cross_weight": 0.85, "same_weight": 0.85})],
-    "ctp-er": [("ctp-er", "ctp", {"lr": 5e-4, "cross_weight": 0.85, "same_weight": 0.85,
-                                  "replay": 1000})],
+    # alpha 6 (METHODS.md 20): in phases of 100 steps alpha 20 holds the model so close to
+    # the old one that its new-domain R@1 trails seqft's by ~0.09 (OLD of 1,000 steps);
+    # alpha 3 then kept forgetting under half of seqft's, but from the 3,000-step OLD it
+    # forgot 0.048 against a limit of 0.045
+    "modx": [("modx", "modx", {"alpha": 6.0})],
+    # CTP at METHODS.md's defaults: with the 1,000-step OLD they left its new-domain R@1 0.054
+    # behind seqft's (hence lr 5e-4 and weights 0.85 then); from the 3,000-step OLD, lr 5e-4
+    # forgot 0.065 against a limit of 0.045 with weights 0.85 and with 1.0 alike
+    "ctp": [("ctp", "ctp", {})],
+    "ctp-er": [("ctp-er", "ctp", {"replay": 1000})],
     "dns": [("dns", "dns", {"lr": 5e-3}),
             # lambda_min 0.02 (METHODS.md default 0.1): at 0.1 the directions left free still
             # carried enough old-domain energy to drift phase 1 to cos 0.9989
