@@ -111,8 +111,8 @@ def make_optimizer(groups: list[dict[str, Any]], cfg: TrainConfig,
     set its own ``lr`` / ``weight_decay``.
 
     Plain AdamW runs fused (one kernel over all parameters) where every parameter is a
-    float tensor on the CPU or a CUDA device: the same update, and on the tiny models'
-    dense 49k-row token embedding it cut a CPU training step from 248 to 187 ms.
+    float tensor on one CPU or CUDA device: the same update, and with the tiny models'
+    dense 49k-row token embedding it made a CPU training step 10 to 25% shorter.
     """
     for group in groups:
         group["params"] = list(group["params"])  # may be a generator; read twice below
@@ -126,8 +126,8 @@ def make_optimizer(groups: list[dict[str, Any]], cfg: TrainConfig,
 
 def _fusable(groups: list[dict[str, Any]]) -> bool:
     params = [p for g in groups for p in g["params"]]
-    devices = {p.device.type for p in params}
-    return bool(params) and len(devices) == 1 and devices <= {"cpu", "cuda"} \
+    devices = {p.device for p in params}
+    return len(devices) == 1 and next(iter(devices)).type in ("cpu", "cuda") \
         and all(p.is_floating_point() for p in params)
 
 
