@@ -15,7 +15,7 @@ embeddings (mean cosine before/after each phase, and against the original), wall
 per phase and time per step relative to ``seqft``. ``dns`` runs in two modes: the
 reference's (gradient projection) and ``dns-1s`` (one-sided on the image tower,
 projected updates). Bench settings that differ from METHODS.md defaults are in
-``BENCH_OVERRIDES`` (DNS's learning rate and Mod-X's alpha, for
+``BENCH_OVERRIDES`` (Mod-X's alpha, DNS's learning rate and projection settings, for
 phases of a hundred steps) and are printed with the results.
 """
 
