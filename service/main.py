@@ -20,6 +20,7 @@ from service.api.middleware import ObserveRequests
 from service.api.routes import health, web
 from service.core.config import Settings
 from service.core.metrics import Metrics
+from service.core.threads import limit_blas_threads
 from service.gateway import open_gateway
 from service.runtime.serving import EncoderLoader, Runtime
 from service.runtime.watcher import watch_registry
@@ -30,6 +31,9 @@ log = logging.getLogger(__name__)
 def create_app(settings: Settings | None = None, load: EncoderLoader | None = None) -> FastAPI:
     """A gateway app; ``load`` replaces how versions become encoders (tests)."""
     settings = settings or Settings()
+    # A process setting, made on the creating (main) thread: with OpenBLAS, a limit set
+    # from another thread (e.g. the lifespan's under TestClient) may not reach the rest.
+    limit_blas_threads(settings.blas_threads)
     metrics = Metrics()
 
     @contextlib.asynccontextmanager

@@ -126,20 +126,26 @@ def test_device_auto_selection() -> None:
     assert pick_device("cpu").type == "cpu"
 
 
-def test_trimmed_text_forward_equals_the_full_context(micro_spec) -> None:
-    """Query texts are encoded without their padding columns; the result is the full
-    forward's (causal tower, EOT pooling), and the cut really happens."""
+def test_packed_text_forward_equals_the_padded_one(micro_spec) -> None:
+    """Texts are encoded end to end without their padding (causal tower, EOT pooling): the
+    result is the padded forward's, for one text, for a batch of mixed lengths, and when
+    the batch is split over several packs."""
     torch.manual_seed(0)
     model = create_model(micro_spec).eval()
-    tokens = create_tokenizer(micro_spec)(TEXTS + ["a red circle!", "!"])  # "!" is token id 0
-    length = encoders.trimmed_length(tokens)
-    assert length < tokens.shape[1]
-    assert length == int((tokens != 0).sum(dim=1).max())
+    tokens = create_tokenizer(micro_spec)(TEXTS + ["a very small blue square in the corner"])
+    inner = tokens[:1].clone()
+    inner[0, 2] = 0  # id 0 ("!" inside a word) is also the padding id: a text may hold it
+    tokens = torch.cat([tokens, inner])
+    lengths = encoders.text_lengths(tokens)
+    assert lengths[-1] == lengths[0] == int((tokens[0] != 0).sum())
+    assert int(lengths.max()) < tokens.shape[1]
     with torch.inference_mode():
         full = model.encode_text(tokens)
-        trimmed = encoders.encode_text_trimmed(model, tokens)
-        alone = encoders.encode_text_trimmed(model, tokens[:1])  # a shorter cut of its own
-    assert torch.allclose(trimmed, full, atol=1e-5)
+        packed = encoders.encode_text_packed(model, tokens)
+        alone = encoders.encode_text_packed(model, tokens[:1])
+        split = encoders.encode_text_packed(model, tokens, pack_tokens=int(lengths.max()) + 1)
+    for out in (packed, split):
+        assert torch.allclose(out, full, atol=1e-5)
     assert torch.allclose(alone, full[:1], atol=1e-5)
     # the Encoder path uses it
     enc = Encoder(model, create_tokenizer(micro_spec), "cpu")
@@ -147,12 +153,26 @@ def test_trimmed_text_forward_equals_the_full_context(micro_spec) -> None:
         full[:len(TEXTS)], dim=-1).numpy(), atol=1e-5)
 
 
-def test_trimming_leaves_a_non_causal_tower_alone(micro_spec, monkeypatch) -> None:
+def test_packing_runs_no_padding_column(micro_spec, monkeypatch) -> None:
+    """The transformer sees one row holding exactly the texts' tokens, not B padded rows."""
+    model = create_model(micro_spec).eval()
+    tokens = create_tokenizer(micro_spec)(TEXTS)
+    shapes = []
+    forward = model.transformer.forward
+    monkeypatch.setattr(model.transformer, "forward",
+                        lambda x, attn_mask=None: shapes.append(tuple(x.shape[:2]))
+                        or forward(x, attn_mask=attn_mask))
+    with torch.inference_mode():
+        encoders.encode_text_packed(model, tokens)
+    assert shapes == [(1, int(encoders.text_lengths(tokens).sum()))]
+
+
+def test_packing_leaves_a_non_causal_tower_alone(micro_spec, monkeypatch) -> None:
     torch.manual_seed(0)
     model = create_model(micro_spec).eval()
     model.attn_mask = None  # bidirectional: padding would change the result, so no cut
     tokens = create_tokenizer(micro_spec)(TEXTS)
     calls = []
     monkeypatch.setattr(model, "encode_text", lambda t: calls.append(t.shape) or t.float())
-    encoders.encode_text_trimmed(model, tokens)
+    encoders.encode_text_packed(model, tokens)
     assert calls == [tokens.shape]

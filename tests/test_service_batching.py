@@ -172,3 +172,23 @@ def test_concurrent_queries_are_batched_and_match_single_queries(gateway_factory
         np.testing.assert_allclose([h["score"] for h in many["hits"]],
                                    [h["score"] for h in one["hits"]], atol=1e-4)
         assert many["hits"][0]["id"] == f"t{texts.index(text)}"  # its own caption first
+
+
+def blas_threads() -> set[int]:
+    from threadpoolctl import threadpool_info
+
+    return {int(i["num_threads"]) for i in threadpool_info() if i["user_api"] == "blas"}
+
+
+@pytest.mark.parametrize(("setting", "expected"), [(1, {1}), (0, {2})])
+def test_gateway_caps_numpy_blas_threads(gateway_factory, setting, expected) -> None:
+    """OpenBLAS's spinning idle threads slow the forward on the same cores: the gateway
+    caps them at ``blas_threads`` (default 1) when it starts; 0 leaves them alone."""
+    from threadpoolctl import threadpool_limits
+
+    if not blas_threads():
+        pytest.skip("numpy has no BLAS that threadpoolctl can see")
+    with threadpool_limits(limits=2, user_api="blas"):  # this process's value, restored after
+        assert blas_threads() == {2}
+        with gateway_factory(blas_threads=setting):
+            assert blas_threads() == expected

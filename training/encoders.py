@@ -23,7 +23,6 @@ import torch
 from open_clip.factory import load_state_dict
 from open_clip.model import get_model_preprocess_cfg, set_model_preprocess_cfg
 from open_clip.transform import PreprocessCfg, image_transform_v2, merge_preprocess_dict
-from open_clip.transformer import text_global_pool
 from PIL import Image
 
 from training.errors import ModelLoadError
@@ -271,7 +270,7 @@ class Encoder:
         chunks = []
         for start in range(0, len(texts), batch_size):
             tokens = self.tokenize(texts[start:start + batch_size]).to(self.device)
-            chunks.append(self._finish(encode_text_trimmed(self.model, tokens), self.text_head))
+            chunks.append(self._finish(encode_text_packed(self.model, tokens), self.text_head))
         return _concat(chunks, self.embed_dim)
 
     @torch.inference_mode()
@@ -302,43 +301,78 @@ class Encoder:
         return features.cpu().numpy().astype(np.float32)
 
 
-def trimmed_length(tokens: torch.Tensor) -> int:
-    """Columns of ``tokens`` [B, L] up to and including the last non-padding (non-zero) one."""
-    used = (tokens != PAD_ID).any(dim=0).nonzero()
-    return int(used[-1]) + 1 if len(used) else 1
+PACK_TOKENS = 1024  # most tokens in one packed row (its attention mask is PACK_TOKENS^2)
 
 
-def _trimmable(model: torch.nn.Module) -> bool:
+def text_lengths(tokens: torch.Tensor) -> torch.Tensor:
+    """[B] per row: columns up to and including its last non-padding (non-zero) token.
+
+    Not a count of non-zero ids: "!" is token id 0 too, and may sit inside a text."""
+    used = (tokens != PAD_ID).long() * torch.arange(1, tokens.shape[1] + 1,
+                                                    device=tokens.device)
+    return used.max(dim=1).values.clamp(min=1)
+
+
+def _packable(model: torch.nn.Module) -> bool:
     # A causal text tower pooled at the EOT/EOS token: no position attends to a later one,
     # and the pooled position is never padding, so padding columns cannot change the output.
     return (isinstance(model, open_clip.CLIP) and getattr(model, "attn_mask", None) is not None
             and getattr(model, "text_pool_type", None) in ("argmax", "eos"))
 
 
-def encode_text_trimmed(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-    """``model.encode_text(tokens)`` computed on the columns up to the batch's longest text.
+def encode_text_packed(model: torch.nn.Module, tokens: torch.Tensor,
+                       pack_tokens: int = PACK_TOKENS) -> torch.Tensor:
+    """``model.encode_text(tokens)`` computed on the texts' own tokens, without padding.
 
     open_clip pads every text to the full context (77 for ViT-B-32) and runs the tower
-    over the padding; a short query is mostly padding. For a causal tower pooled at the
-    end-of-text token the padding columns cannot influence the result, so cutting them
-    gives the same embedding (up to float rounding) for a fraction of the compute. Any
-    other text tower (bidirectional, HF text, first/last pooling) runs unchanged.
+    over the padding: a short query is mostly padding, and a batch of queries of mixed
+    lengths carries the longest one's length in every row. For a causal tower pooled at
+    the end-of-text token, the texts are instead laid end to end in one row (a pack of at
+    most ``pack_tokens`` tokens; positions restart at 0 for each text) with a
+    block-diagonal causal mask, so each token still sees exactly the earlier tokens of its
+    own text: the same embeddings (up to float rounding) for the real tokens' compute.
+    Any other text tower (bidirectional, HF text, first/last pooling) runs unchanged.
     """
-    length = trimmed_length(tokens)
-    if length == tokens.shape[1] or not _trimmable(model):
+    if not _packable(model):
         return model.encode_text(tokens)
-    tokens = tokens[:, :length]
-    cast_dtype = model.transformer.get_cast_dtype()
-    x = model.token_embedding(tokens).to(cast_dtype)  # [B, length, width]
-    x = x + model.positional_embedding[:length].to(cast_dtype)
-    x = model.transformer(x, attn_mask=model.attn_mask[:length, :length])
-    x = model.ln_final(x)
-    x = text_global_pool(x, tokens, model.text_pool_type,
-                         eos_token_id=getattr(model, "text_eos_id", None))
+    lengths = text_lengths(tokens).tolist()
+    pooled, first, total = [], 0, 0
+    for row, length in enumerate(lengths):
+        if row > first and total + length > pack_tokens:
+            pooled.append(_encode_pack(model, tokens[first:row], lengths[first:row]))
+            first, total = row, 0
+        total += length
+    pooled.append(_encode_pack(model, tokens[first:], lengths[first:]))
+    x = torch.cat(pooled)
     projection = model.text_projection
     if projection is None:
         return x
     return projection(x) if isinstance(projection, torch.nn.Linear) else x @ projection
+
+
+def _encode_pack(model: torch.nn.Module, tokens: torch.Tensor,
+                 lengths: list[int]) -> torch.Tensor:
+    """[B, width] pooled features of ``tokens`` [B, L] run as one packed row."""
+    device = tokens.device
+    sizes = torch.tensor(lengths, device=device)
+    keep = torch.arange(tokens.shape[1], device=device)[None, :] < sizes[:, None]
+    flat = tokens[keep]  # [T] the texts end to end
+    text = torch.repeat_interleave(torch.arange(len(lengths), device=device), sizes)
+    starts = torch.cumsum(sizes, 0) - sizes
+    order = torch.arange(len(flat), device=device)
+    cast_dtype = model.transformer.get_cast_dtype()
+    x = model.token_embedding(flat).to(cast_dtype)
+    x = x + model.positional_embedding[order - starts[text]].to(cast_dtype)
+    visible = (text[:, None] == text[None, :]) & (order[None, :] <= order[:, None])
+    mask = torch.zeros(visible.shape, dtype=model.attn_mask.dtype, device=device)
+    mask.masked_fill_(~visible, float("-inf"))
+    x = model.ln_final(model.transformer(x[None], attn_mask=mask)[0])  # [T, width]
+    # the pooled position of each text, found as text_global_pool finds it in a padded row
+    if model.text_pool_type == "argmax":
+        at = tokens.argmax(dim=-1)
+    else:
+        at = (tokens == model.text_eos_id).int().argmax(dim=-1)
+    return x[starts + at]
 
 
 def model_embed_dim(model: torch.nn.Module) -> int:

@@ -14,12 +14,14 @@ from PIL import Image
 
 from service.bench.setup import GALLERY, VERSION, Queries
 from service.core.config import Settings
+from service.core.threads import limit_blas_threads
 from service.gallery import GalleryStore, open_qdrant
 from service.registry import Registry
 from training.versions import load_encoder
 
 
 def measure(settings: Settings, queries: Queries, repeats: int, top_k: int = 10) -> dict:
+    limit_blas_threads(settings.blas_threads)  # as the gateway does
     encoder = load_encoder(Registry(settings.registry_dir).artifact(VERSION), VERSION,
                            settings.device)
     store = GalleryStore(open_qdrant(settings), serialise=True)

@@ -41,6 +41,9 @@ class Settings(BaseSettings):
     keep_warm_versions: int = Field(
         1, ge=0, description="retired versions kept loaded so a rollback swaps at once")
     device: str | None = Field(None, description="torch device; default cuda when present")
+    blas_threads: int = Field(
+        1, ge=0, description="threads for numpy's BLAS in the gateway (the embedded Qdrant's "
+        "search); its spinning idle threads slow the model's forward; 0: library default")
     registry_poll_interval_s: float = Field(
         1.0, ge=0, description="how often to look for promotions/rollbacks; 0 disables")
     access_log: bool = Field(True, description="uvicorn's per-request log lines")
