@@ -400,6 +400,22 @@ def test_bench_serve_is_registered_with_the_cli(capsys: pytest.CaptureFixture) -
     assert exc.value.code == 0 and "--quick" in capsys.readouterr().out
 
 
+def test_bench_serve_pools_rounds_over_every_request() -> None:
+    """A cell measured in rounds: counts and seconds add up, percentiles come from every
+    request of every round (not an average of per-round percentiles)."""
+    from service.bench.server import pool
+
+    fast = {"concurrency": 4, "seconds": 2.0, "errors": 0, "first_error": None,
+            "latencies_ms": [10.0] * 90}
+    slow = {"concurrency": 4, "seconds": 3.0, "errors": 2, "first_error": "503: busy",
+            "latencies_ms": [100.0] * 10}
+    cell = pool([fast, slow])
+    assert cell["requests"] == 100 and cell["errors"] == 2 and cell["rounds"] == 2
+    assert cell["qps"] == pytest.approx(100 / 5.0) and cell["first_error"] == "503: busy"
+    assert cell["p50_ms"] == 10.0 and cell["p99_ms"] == 100.0
+    assert cell["mean_ms"] == pytest.approx(19.0)
+
+
 def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     from service.core.config import Settings
 

@@ -3,8 +3,9 @@
 A full-size architecture (ViT-B-32 with random weights: speed does not depend on the
 weights) serves a 10,000-point synthetic gallery from local Qdrant. A separate
 load-generating process drives the gateway at 1, 8 and 32 concurrent clients with
-text and image queries, once with dynamic batching and once without; the bare cost
-of one encoder forward + Qdrant search is measured in the same run.
+text and image queries, with dynamic batching and without (two gateways, measured in
+alternating rounds); the bare cost of one encoder forward + Qdrant search is sampled in
+the same rounds.
 Targets: at 32 clients, batched text QPS >= 3x unbatched; at 1 client, gateway p50
 <= 1.5x the bare encoder + search time.
 
@@ -30,7 +31,13 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
                         "copies of them with deterministic noise (use --embed = --points to "
                         "embed everything)")
     p.add_argument("--concurrency", default="1,8,32", help="comma-separated client counts")
-    p.add_argument("--duration", type=float, default=15.0, help="seconds per measurement")
+    p.add_argument("--duration", type=float, default=15.0,
+                   help="seconds per measurement (split over the rounds)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="rounds per measurement, alternating batched and unbatched (and the "
+                        "bare encoder + search at 1 client), so drift hits both alike")
+    p.add_argument("--bare-repeats", type=int, default=30,
+                   help="bare encoder + search samples per modality (over the rounds)")
     p.add_argument("--batch-size", type=int, default=32, help="max batch when batching is on")
     p.add_argument("--max-wait-ms", type=float, default=2.0,
                    help="batching max wait (0: start at once when the device is idle)")

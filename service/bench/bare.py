@@ -1,5 +1,6 @@
 """The bare cost of answering one query in-process: encoder forward + Qdrant search, no
-HTTP, no batching, the same model and gallery as the gateway."""
+HTTP, no batching, the same model and gallery as the gateway. Sampled in rounds between
+the gateway's measurements, so that both see the machine in the same state."""
 
 from __future__ import annotations
 
@@ -19,39 +20,53 @@ from service.gallery import GalleryStore, open_qdrant
 from service.registry import Registry
 from training.versions import load_encoder
 
-
-def measure(settings: Settings, queries: Queries, repeats: int, top_k: int = 10) -> dict:
-    limit_blas_threads(settings.blas_threads)  # as the gateway does
-    encoder = load_encoder(Registry(settings.registry_dir).artifact(VERSION), VERSION,
-                           settings.device)
-    store = GalleryStore(open_qdrant(settings), serialise=True)
-    images = [Image.open(io.BytesIO(base64.b64decode(b))).convert("RGB") for b in queries.images]
-    try:
-        def text(i: int) -> np.ndarray:
-            return encoder.encode_texts([queries.texts[i % len(queries.texts)]])[0]
-
-        def image(i: int) -> np.ndarray:
-            return encoder.encode_images([images[i % len(images)]])[0]
-        return {name: _time(fn, store, repeats, top_k) for name, fn in
-                (("text", text), ("image", image))}
-    finally:
-        store.close()
+Sample = tuple[float, float]  # seconds: encode, search
 
 
-def _time(embed: Callable[[int], np.ndarray], store: GalleryStore, repeats: int,
-          top_k: int) -> dict:
-    for i in range(3):  # warm-up
-        store.search(GALLERY, embed(i), "image", top_k)
-    encode, search = [], []
-    for i in range(repeats):
+class BareMeter:
+    def __init__(self, settings: Settings, queries: Queries, top_k: int = 10) -> None:
+        limit_blas_threads(settings.blas_threads)  # as the gateway does
+        self.encoder = load_encoder(Registry(settings.registry_dir).artifact(VERSION), VERSION,
+                                    settings.device)
+        self.store = GalleryStore(open_qdrant(settings), serialise=True)
+        self.texts = queries.texts
+        self.images = [Image.open(io.BytesIO(base64.b64decode(b))).convert("RGB")
+                       for b in queries.images]
+        self.top_k = top_k
+        self._next = {"text": 0, "image": 0}  # each round goes on through the query list
+
+    def close(self) -> None:
+        self.store.close()
+
+    def sample(self, modality: str, repeats: int, warm_up: int = 2) -> list[Sample]:
+        embed = self._text if modality == "text" else self._image
+        for _ in range(warm_up):
+            self._one(embed)
+        return [self._one(embed) for _ in range(repeats)]
+
+    def _one(self, embed: Callable[[], np.ndarray]) -> Sample:
         t0 = time.perf_counter()
-        vector = embed(i)
+        vector = embed()
         t1 = time.perf_counter()
-        store.search(GALLERY, vector, "image", top_k)
-        t2 = time.perf_counter()
-        encode.append(t1 - t0)
-        search.append(t2 - t1)
-    total = [a + b for a, b in zip(encode, search, strict=True)]
-    return {"p50_ms": statistics.median(total) * 1000,
+        self.store.search(GALLERY, vector, "image", self.top_k)
+        return t1 - t0, time.perf_counter() - t1
+
+    def _text(self) -> np.ndarray:
+        return self.encoder.encode_texts([self.texts[self._advance("text", len(self.texts))]])[0]
+
+    def _image(self) -> np.ndarray:
+        return self.encoder.encode_images([self.images[self._advance("image",
+                                                                     len(self.images))]])[0]
+
+    def _advance(self, modality: str, n: int) -> int:
+        i = self._next[modality]
+        self._next[modality] = i + 1
+        return i % n
+
+
+def summary(samples: list[Sample]) -> dict:
+    encode = [e for e, _ in samples]
+    search = [s for _, s in samples]
+    return {"p50_ms": statistics.median(e + s for e, s in samples) * 1000,
             "encode_p50_ms": statistics.median(encode) * 1000,
-            "search_p50_ms": statistics.median(search) * 1000, "repeats": repeats}
+            "search_p50_ms": statistics.median(search) * 1000, "repeats": len(samples)}

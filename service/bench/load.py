@@ -1,7 +1,8 @@
 """The load generator, run as its own process: ``python -m service.bench.load``.
 
 N clients each send one request at a time (closed loop) for a fixed duration; prints
-one JSON line: requests, errors, QPS, p50/p99/mean latency in milliseconds.
+one JSON line: requests, errors, QPS, p50/p99/mean latency in milliseconds and every
+latency (so that runs can be pooled).
 Imports neither torch nor the gateway, so it costs the machine little.
 """
 
@@ -49,7 +50,8 @@ async def drive(url: str, bodies: list[dict], concurrency: int, duration: float)
             "first_error": errors[0] if errors else None, "seconds": round(elapsed, 2),
             "qps": len(latencies) / elapsed,
             "p50_ms": percentile(latencies, 50) * 1000, "p99_ms": percentile(latencies, 99) * 1000,
-            "mean_ms": sum(latencies) / max(1, len(latencies)) * 1000}
+            "mean_ms": sum(latencies) / max(1, len(latencies)) * 1000,
+            "latencies_ms": [round(x * 1000, 3) for x in latencies]}
 
 
 def main() -> None:

@@ -1,29 +1,39 @@
-"""The benchmark's steps: build the gallery, measure the bare path, then drive the
-gateway with batching on and off."""
+"""The benchmark's steps: build the gallery, start two gateways (batching on and off),
+then measure in rounds.
+
+This machine's speed drifts (other tenants, clocks), and each target compares two
+measurements, so they are taken side by side: both gateways run for the whole benchmark
+(each on its own copy of the embedded Qdrant), every cell is split into ``rounds``
+rounds that alternate between the two modes (order flipped every round), and the bare
+encoder + search is sampled in the same rounds as the 1-client cells. Idle gateways
+cost nothing (no registry polling)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
 from service.bench import server
-from service.bench.bare import measure
-from service.bench.setup import GALLERY, build_gallery, make_queries
+from service.bench.bare import BareMeter, Sample, summary
+from service.bench.setup import GALLERY, Queries, build_gallery, make_queries
 from service.core.config import Settings
 from training.encoders import ModelSpec
 
-QUICK = {"points": 1000, "embed": 64, "duration": 2.0, "model_config": "tiny-old"}
+QUICK = {"points": 1000, "embed": 64, "duration": 2.0, "model_config": "tiny-old", "rounds": 2}
 TEXT_SPEEDUP = 3.0  # batched text QPS at 32 clients over unbatched
 LATENCY_RATIO = 1.5  # gateway p50 at 1 client over the bare encoder + search
+MODALITIES = ("text", "image")
 
 
 def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     if args.quick:
         args = argparse.Namespace(**{**vars(args), **QUICK})
+    if args.rounds < 1:
+        raise SystemExit("--rounds must be at least 1")
     out = Path(args.out)
     work = out / "work"
     if work.exists():
@@ -31,20 +41,55 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     work.mkdir(parents=True)
     settings = Settings(data_dir=work / "data", device=args.device)
     spec = _spec(args)
-    result: dict[str, Any] = {"model": spec.describe(), "device": args.device or "auto"}
+    result: dict[str, Any] = {"model": spec.describe(), "device": args.device or "auto",
+                              "rounds": args.rounds}
     result["setup"] = build_gallery(settings, spec, args.points, args.embed, work)
     queries = make_queries()
     query_file = work / "queries.json"
     query_file.write_text(json.dumps(queries.to_json()))
-    result["bare"] = measure(settings, queries, repeats=10 if args.quick else 30)
     levels = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
-    for mode, size in (("batched", args.batch_size), ("unbatched", 1)):
-        result[mode] = _drive(work, mode, size, args, levels, query_file, queries)
+    modes = {"batched": args.batch_size, "unbatched": 1}
+    with contextlib.ExitStack() as stack:
+        urls = {}
+        for mode, size in modes.items():
+            qdrant = work / f"qdrant-{mode}"
+            shutil.copytree(settings.qdrant_location, qdrant)
+            urls[mode] = stack.enter_context(server.gateway(
+                settings.data_dir, qdrant, work.parent / f"gateway-{mode}.log", size,
+                args.max_wait_ms, args.device))
+            server.warm_up(urls[mode], GALLERY, queries.texts[0], queries.images[0])
+        bare = BareMeter(settings, queries)
+        stack.callback(bare.close)
+        measured = _measure(args, urls, bare, queries, levels, query_file)
+    result["bare"] = {m: summary(measured.pop(("bare", m))) for m in MODALITIES}
+    for mode, size in modes.items():
+        result[mode] = {"batch_max_size": size, **{m: measured[(mode, m)] for m in MODALITIES}}
     result["targets"] = targets(result, levels)
     (out / "bench-serve.json").write_text(json.dumps(result, indent=2))
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     return result
+
+
+def _measure(args: argparse.Namespace, urls: dict[str, str], bare: BareMeter,
+             queries: Queries, levels: list[int], query_file: Path) -> dict[tuple, Any]:
+    """{(mode, modality): {level: pooled cell}} and {("bare", modality): samples}."""
+    found: dict[tuple, Any] = {}
+    repeats = max(1, round(args.bare_repeats / args.rounds))
+    for modality in MODALITIES:
+        samples: list[Sample] = []
+        for level in levels:
+            runs: dict[str, list[dict]] = {mode: [] for mode in urls}
+            for r in range(args.rounds):
+                if level == min(levels):
+                    samples += bare.sample(modality, repeats)
+                for mode in (list(urls) if r % 2 == 0 else list(urls)[::-1]):
+                    runs[mode].append(server.load(urls[mode], GALLERY, query_file, modality,
+                                                  level, args.duration / args.rounds))
+            for mode, mode_runs in runs.items():
+                found.setdefault((mode, modality), {})[str(level)] = server.pool(mode_runs)
+        found[("bare", modality)] = samples
+    return found
 
 
 def _spec(args: argparse.Namespace) -> ModelSpec:
@@ -56,21 +101,6 @@ def _spec(args: argparse.Namespace) -> ModelSpec:
             path = config_path(args.model_config)
         return ModelSpec.from_json(path)
     return ModelSpec(arch=args.arch)
-
-
-def _drive(work: Path, mode: str, batch_size: int, args: argparse.Namespace, levels: list[int],
-           query_file: Path, queries: Any) -> dict[str, Any]:
-    cells: dict[str, Any] = {"batch_max_size": batch_size, "text": {}, "image": {}}
-    start = time.perf_counter()
-    with server.gateway(work / "data", work.parent / f"gateway-{mode}.log", batch_size,
-                        args.max_wait_ms, args.device) as url:
-        server.warm_up(url, GALLERY, queries.texts[0], queries.images[0])
-        for modality in ("text", "image"):
-            for level in levels:
-                cells[modality][str(level)] = server.load(url, GALLERY, query_file, modality,
-                                                          level, args.duration)
-    cells["seconds"] = round(time.perf_counter() - start, 1)
-    return cells
 
 
 def targets(result: dict[str, Any], levels: list[int]) -> dict[str, Any]:
