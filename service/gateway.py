@@ -1,6 +1,6 @@
 """Everything one gateway process holds: settings, registry, gallery store, the runtime
-that serves models, metrics, the device lane (one thread running model forwards), and
-the job records and queue."""
+that serves models, metrics, the device lane (one thread running model forwards), the
+search lane (one thread running batched gallery searches), and the job records and queue."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from service.jobs import JobStore
 from service.jobs.broker import JobQueue
 from service.registry import Registry
 from service.runtime.embedder import Batching
+from service.runtime.search_batcher import SearchBatcher
 from service.runtime.serving import EncoderLoader, Runtime
 from training.artifacts import Artifact
 from training.encoders import Encoder
@@ -33,9 +34,12 @@ class Gateway:
     lane: ThreadPoolExecutor
     jobs: JobStore
     queue: JobQueue
+    searches: SearchBatcher
+    search_lane: ThreadPoolExecutor
 
     def close(self) -> None:
         self.lane.shutdown(wait=True, cancel_futures=True)
+        self.search_lane.shutdown(wait=True, cancel_futures=True)
         self.store.close()
 
 
@@ -48,8 +52,10 @@ def open_gateway(settings: Settings, metrics: Metrics,
     batching = Batching(settings.batch_max_size, settings.batch_max_wait_s)
     runtime = Runtime(registry, load or _device_loader(settings.device), lane, batching, metrics,
                       settings.keep_warm_versions)
+    search_lane = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nobackfill-search")
     return Gateway(settings, registry, store, runtime, metrics, lane,
-                   JobStore(settings.registry_dir), JobQueue(settings))
+                   JobStore(settings.registry_dir), JobQueue(settings),
+                   SearchBatcher(store, search_lane, settings.batch_max_size), search_lane)
 
 
 def _device_loader(device: str | None) -> EncoderLoader:

@@ -11,9 +11,10 @@ import torch
 
 from service.core.config import Settings
 from service.core.errors import InvalidInput
-from service.gallery.store import GalleryStore, Hit, Where
+from service.gallery.store import Hit, Where
 from service.media import decode_image
 from service.runtime.embedder import Embedder
+from service.runtime.search_batcher import SearchBatcher
 from service.runtime.serving import Runtime
 
 
@@ -36,14 +37,13 @@ class Answer:
     hits: list[Hit]
 
 
-async def search(runtime: Runtime, store: GalleryStore, settings: Settings, gallery: str,
+async def search(runtime: Runtime, searches: SearchBatcher, settings: Settings, gallery: str,
                  query: Query) -> Answer:
     check_query(query, settings.top_k_max)
     serving = runtime.serving(gallery)
     embedder = serving.ready()  # 409 when the version has no route into the gallery's space
     vector = await embed_query(embedder, query, settings)
-    hits = await asyncio.to_thread(store.search, gallery, vector, query.kind, query.top_k,
-                                   query.where)
+    hits = await searches.search(gallery, vector, query.kind, query.top_k, query.where)
     return Answer(gallery, embedder.version, embedder.route, embedder.space, query.kind, hits)
 
 

@@ -3,6 +3,7 @@ idempotent ingest, and the CLI entry of the serving benchmark."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -414,6 +415,55 @@ def test_bench_serve_pools_rounds_over_every_request() -> None:
     assert cell["qps"] == pytest.approx(100 / 5.0) and cell["first_error"] == "503: busy"
     assert cell["p50_ms"] == 10.0 and cell["p99_ms"] == 100.0
     assert cell["mean_ms"] == pytest.approx(19.0)
+
+
+def test_bench_load_generator_speaks_http_keep_alive() -> None:
+    """The load generator's own HTTP/1.1 client: bodies arrive intact, responses with a
+    Content-Length or chunked are read whole, non-200s count as errors, and a server that
+    closes the connection gets a new one."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from service.bench.load import drive
+
+    seen: list[dict] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append(body)
+            status = 503 if body["text"] == "busy" else 200
+            self.send_response(status)
+            if body["text"] == "chunked":
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                self.wfile.write(b"3\r\nabc\r\n0\r\n\r\n")
+                return
+            payload = b'{"ok": true}'
+            self.send_header("Content-Length", str(len(payload)))
+            if body["text"] == "close":
+                self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1/galleries/g/search"
+        bodies = [{"text": t} for t in ("a red circle", "chunked", "close", "busy")]
+        result = asyncio.run(drive(url, bodies, concurrency=2, duration=0.5))
+    finally:
+        server.shutdown()
+    busy = sum(b["text"] == "busy" for b in seen)
+    assert busy > 0 and result["errors"] == busy and result["first_error"].startswith("503")
+    assert result["requests"] == len(seen) - busy > 0
+    assert len(result["latencies_ms"]) == result["requests"]
+    assert {b["text"] for b in seen} == {"a red circle", "chunked", "close", "busy"}
 
 
 def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

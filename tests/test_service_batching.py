@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from conftest import ADMIN
 
+from service.gallery.store import Search
 from service.runtime.batching import MicroBatcher
 
 
@@ -192,3 +193,64 @@ def test_gateway_caps_numpy_blas_threads(gateway_factory, setting, expected) -> 
         assert blas_threads() == {2}
         with gateway_factory(blas_threads=setting):
             assert blas_threads() == expected
+
+
+@pytest.fixture
+def gallery_store():
+    from qdrant_client import QdrantClient
+
+    from service.gallery import GalleryStore, Item
+
+    store = GalleryStore(QdrantClient(":memory:"), serialise=True)
+    store.create("g", 4)
+    rng = np.random.default_rng(0)
+    vectors = rng.standard_normal((20, 4)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    store.upsert("g", [Item(f"i{n}", {"image": v}, {"n": n}) for n, v in enumerate(vectors)],
+                 version="v1", space="v1")
+    yield store, vectors
+    store.close()
+
+
+def test_concurrent_searches_share_one_qdrant_call(gallery_store, lane) -> None:
+    """Searches that arrive during a Qdrant call go together in the next one, and each
+    caller gets exactly what a search of its own returns."""
+    from service.runtime.search_batcher import SearchBatcher
+
+    store, vectors = gallery_store
+    calls: list[int] = []
+    many = store.search_many
+    store.search_many = lambda gallery, searches: calls.append(len(searches)) or many(
+        gallery, searches)
+
+    async def main() -> list:
+        batcher = SearchBatcher(store, lane, max_size=32)
+        return await asyncio.gather(*(batcher.search("g", v, "image", 3) for v in vectors[:10]))
+    together = run(main())
+    assert calls == [1, 9]  # the first starts at once; the other nine wait and go together
+    for v, hits in zip(vectors[:10], together, strict=True):
+        assert [h.id for h in hits] == [h.id for h in many("g", [Search(v, "image", 3)])[0]]
+    assert [hits[0].id for hits in together] == [f"i{n}" for n in range(10)]  # itself first
+
+
+def test_a_failing_search_fails_only_its_caller(gallery_store, lane) -> None:
+    """A bad search grouped with good ones (same gallery, or an unknown gallery) gets its
+    error; the others in its group still get their results."""
+    from service.core.errors import Unavailable
+    from service.runtime.search_batcher import SearchBatcher
+
+    store, vectors = gallery_store
+
+    async def main() -> list:
+        batcher = SearchBatcher(store, lane, max_size=32)
+        first = asyncio.ensure_future(batcher.search("g", vectors[0], "image", 1))
+        await asyncio.sleep(0)  # the first call runs; the rest queue up behind it
+        return await asyncio.gather(
+            first, batcher.search("g", vectors[1], "image", 1),
+            batcher.search("g", vectors[2], "no-such-vector", 1),
+            batcher.search("nope", vectors[3], "image", 1),
+            batcher.search("g", vectors[4], "image", 1), return_exceptions=True)
+    results = run(main())
+    assert [r[0].id for r in (results[0], results[1], results[4])] == ["i0", "i1", "i4"]
+    assert isinstance(results[2], Exception) and "no-such-vector" in str(results[2])
+    assert isinstance(results[3], Unavailable) and "nope" in str(results[3])

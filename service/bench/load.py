@@ -3,7 +3,12 @@
 N clients each send one request at a time (closed loop) for a fixed duration; prints
 one JSON line: requests, errors, QPS, p50/p99/mean latency in milliseconds and every
 latency (so that runs can be pooled).
-Imports neither torch nor the gateway, so it costs the machine little.
+
+It shares the machine with the gateway under test, so it must cost little: it imports
+neither torch nor the gateway, and speaks HTTP/1.1 itself over asyncio streams (one
+keep-alive connection per client, each request's bytes built once). httpx took about
+2.5 ms of CPU per request here, 10 to 15% of the machine at 32 clients, taken from the
+server it was measuring.
 """
 
 from __future__ import annotations
@@ -13,8 +18,7 @@ import asyncio
 import json
 import sys
 import time
-
-import httpx
+from urllib.parse import urlsplit
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -25,27 +29,93 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[rank]
 
 
+class Connection:
+    """One keep-alive HTTP/1.1 connection; reopened after the server closes it or fails."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def send(self, request: bytes) -> tuple[int, bytes]:
+        """(status, body) of one request; raises OSError/ValueError when the exchange fails."""
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        assert self.reader is not None
+        try:
+            self.writer.write(request)
+            await self.writer.drain()
+            status_line = await self.reader.readline()
+            if not status_line:
+                raise ConnectionError("the server closed the connection")
+            status = int(status_line.split(b" ", 2)[1])
+            headers = {}
+            while (line := await self.reader.readline()) not in (b"\r\n", b"\n", b""):
+                name, _, value = line.partition(b":")
+                headers[name.strip().lower()] = value.strip().lower()
+            if headers.get(b"transfer-encoding") == b"chunked":
+                body = await self._chunked()
+            else:
+                body = await self.reader.readexactly(int(headers.get(b"content-length", 0)))
+            if headers.get(b"connection") == b"close":
+                self.close()
+            return status, body
+        except BaseException:
+            self.close()
+            raise
+
+    async def _chunked(self) -> bytes:
+        assert self.reader is not None
+        parts = []
+        while size := int((await self.reader.readline()).split(b";")[0], 16):
+            parts.append(await self.reader.readexactly(size))
+            await self.reader.readline()
+        await self.reader.readline()
+        return b"".join(parts)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
+
+
+def post_json(host: str, port: int, path: str, body: dict) -> bytes:
+    data = json.dumps(body).encode()
+    head = (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n")
+    return head.encode() + data
+
+
 async def drive(url: str, bodies: list[dict], concurrency: int, duration: float) -> dict:
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    requests = [post_json(host, port, parts.path, body) for body in bodies]
     latencies: list[float] = []
     errors: list[str] = []
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(limits=limits, timeout=600.0) as client:
-        start = time.perf_counter()
-        deadline = start + duration
+    start = time.perf_counter()
+    deadline = start + duration
 
-        async def client_loop(worker: int) -> None:
-            n = worker
+    async def client_loop(worker: int) -> None:
+        connection = Connection(host, port)
+        n = worker
+        try:
             while time.perf_counter() < deadline:
                 t0 = time.perf_counter()
-                r = await client.post(url, json=bodies[n % len(bodies)])
-                if r.status_code == 200:
-                    latencies.append(time.perf_counter() - t0)
+                try:
+                    status, body = await connection.send(requests[n % len(requests)])
+                except (OSError, ValueError, asyncio.IncompleteReadError) as exc:
+                    errors.append(f"{type(exc).__name__}: {exc}")
                 else:
-                    errors.append(f"{r.status_code}: {r.text[:200]}")
+                    if status == 200:
+                        latencies.append(time.perf_counter() - t0)
+                    else:
+                        errors.append(f"{status}: {body[:200].decode(errors='replace')}")
                 n += concurrency
+        finally:
+            connection.close()
 
-        await asyncio.gather(*(client_loop(w) for w in range(concurrency)))
-        elapsed = time.perf_counter() - start
+    await asyncio.gather(*(client_loop(w) for w in range(concurrency)))
+    elapsed = time.perf_counter() - start
     return {"concurrency": concurrency, "requests": len(latencies), "errors": len(errors),
             "first_error": errors[0] if errors else None, "seconds": round(elapsed, 2),
             "qps": len(latencies) / elapsed,

@@ -35,6 +35,16 @@ class Item:
 
 
 @dataclass(frozen=True)
+class Search:
+    """One nearest-neighbour query: ``top_k`` items of ``kind`` that match ``where``."""
+
+    vector: np.ndarray  # [D], L2-normalised
+    kind: str
+    top_k: int
+    where: Where | None = None
+
+
+@dataclass(frozen=True)
 class Hit:
     id: str
     score: float
@@ -59,7 +69,7 @@ class GalleryStore:
         except (ResponseHandlingException, ConnectionError) as exc:
             raise Unavailable(f"Qdrant is unreachable: {exc}") from exc
         except (UnexpectedResponse, ValueError) as exc:
-            if gallery and "not found" in str(exc).lower():
+            if gallery and _missing_collection(str(exc)):
                 raise Unavailable(f"gallery '{gallery}' has no collection in Qdrant") from exc
             raise
 
@@ -109,11 +119,16 @@ class GalleryStore:
     def search(self, gallery: str, vector: np.ndarray, kind: str, top_k: int,
                where: Where | None = None) -> list[Hit]:
         """The ``top_k`` items of ``kind`` closest to ``vector`` [D] that match ``where``."""
+        return self.search_many(gallery, [Search(vector, kind, top_k, where)])[0]
+
+    def search_many(self, gallery: str, searches: Sequence[Search]) -> list[list[Hit]]:
+        """Several searches of one gallery in one Qdrant call (one request to a server)."""
+        requests = [models.QueryRequest(query=s.vector.tolist(), using=s.kind, limit=s.top_k,
+                                        with_payload=True, filter=payload_filter(s.where))
+                    for s in searches]
         with self._call(gallery):
-            result = self.client.query_points(
-                gallery, query=vector.tolist(), using=kind, limit=top_k, with_payload=True,
-                query_filter=payload_filter(where))
-        return [_hit(p) for p in result.points]
+            responses = self.client.query_batch_points(gallery, requests=requests)
+        return [[_hit(p) for p in response.points] for response in responses]
 
     def fingerprint(self, gallery: str, ids: Collection[str] | None = None,
                     page: int = 1000) -> dict[str, dict[str, Any]]:
@@ -147,6 +162,15 @@ class GalleryStore:
 
     def close(self) -> None:
         self.client.close()
+
+
+def _missing_collection(message: str) -> bool:
+    """Local mode says "Collection x not found", a server "Not found: Collection `x`
+    doesn't exist!"; a missing named vector ("Dense vector v is not found in the
+    collection") is a different error."""
+    text = message.lower()
+    return ("collection" in text and ("not found" in text or "doesn't exist" in text)
+            and "vector" not in text)
 
 
 def payload_filter(where: Where | None) -> models.Filter | None:

@@ -31,7 +31,7 @@ async def search_gallery(gallery: str, request: Request, gateway: GatewayDep,
     else:
         query = _from_json(SearchRequest.model_validate_json(await request.body()),
                            gateway.settings)
-    answer = await search(gateway.runtime, gateway.store, gateway.settings, gallery, query)
+    answer = await search(gateway.runtime, gateway.searches, gateway.settings, gallery, query)
     return SearchResponse.of(answer)
 
 
