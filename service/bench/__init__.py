@@ -36,6 +36,8 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--rounds", type=int, default=3,
                    help="rounds per measurement, alternating batched and unbatched (and the "
                         "bare encoder + search at 1 client), so drift hits both alike")
+    p.add_argument("--warmup", type=float, default=1.0,
+                   help="seconds of load before each round's measured window (not counted)")
     p.add_argument("--bare-repeats", type=int, default=30,
                    help="bare encoder + search samples per modality (over the rounds)")
     p.add_argument("--batch-size", type=int, default=32, help="max batch when batching is on")

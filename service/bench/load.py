@@ -86,14 +86,20 @@ def post_json(host: str, port: int, path: str, body: dict) -> bytes:
     return head.encode() + data
 
 
-async def drive(url: str, bodies: list[dict], concurrency: int, duration: float) -> dict:
+async def drive(url: str, bodies: list[dict], concurrency: int, duration: float,
+                warmup: float = 0.0) -> dict:
+    """Closed loop for ``warmup + duration`` seconds. Only requests that complete inside
+    the last ``duration`` seconds count (QPS, latencies): the ramp-up, when all clients
+    start at once, and requests still in flight at the end would bias the steady state
+    (more for batching, whose first and last batches run part-empty). Every error counts."""
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     requests = [post_json(host, port, parts.path, body) for body in bodies]
     latencies: list[float] = []
     errors: list[str] = []
     start = time.perf_counter()
-    deadline = start + duration
+    window = start + warmup
+    deadline = window + duration
 
     async def client_loop(worker: int) -> None:
         connection = Connection(host, port)
@@ -106,19 +112,19 @@ async def drive(url: str, bodies: list[dict], concurrency: int, duration: float)
                 except (OSError, ValueError, asyncio.IncompleteReadError) as exc:
                     errors.append(f"{type(exc).__name__}: {exc}")
                 else:
-                    if status == 200:
-                        latencies.append(time.perf_counter() - t0)
-                    else:
+                    done = time.perf_counter()
+                    if status != 200:
                         errors.append(f"{status}: {body[:200].decode(errors='replace')}")
+                    elif window <= done <= deadline:
+                        latencies.append(done - t0)
                 n += concurrency
         finally:
             connection.close()
 
     await asyncio.gather(*(client_loop(w) for w in range(concurrency)))
-    elapsed = time.perf_counter() - start
     return {"concurrency": concurrency, "requests": len(latencies), "errors": len(errors),
-            "first_error": errors[0] if errors else None, "seconds": round(elapsed, 2),
-            "qps": len(latencies) / elapsed,
+            "first_error": errors[0] if errors else None, "seconds": duration,
+            "warmup_s": warmup, "qps": len(latencies) / duration,
             "p50_ms": percentile(latencies, 50) * 1000, "p99_ms": percentile(latencies, 99) * 1000,
             "mean_ms": sum(latencies) / max(1, len(latencies)) * 1000,
             "latencies_ms": [round(x * 1000, 3) for x in latencies]}
@@ -130,14 +136,16 @@ def main() -> None:
     p.add_argument("--queries", required=True, help="JSON file: {texts: [...], images: [...]}")
     p.add_argument("--modality", choices=("text", "image"), required=True)
     p.add_argument("--concurrency", type=int, required=True)
-    p.add_argument("--duration", type=float, required=True)
+    p.add_argument("--duration", type=float, required=True, help="seconds measured")
+    p.add_argument("--warmup", type=float, default=0.0,
+                   help="seconds of load before the measured window")
     p.add_argument("--top-k", type=int, default=10)
     args = p.parse_args()
     with open(args.queries) as fh:
         queries = json.load(fh)
     key = "text" if args.modality == "text" else "image_base64"
     bodies = [{key: q, "top_k": args.top_k} for q in queries[f"{args.modality}s"]]
-    result = asyncio.run(drive(args.url, bodies, args.concurrency, args.duration))
+    result = asyncio.run(drive(args.url, bodies, args.concurrency, args.duration, args.warmup))
     json.dump(result, sys.stdout)
 
 

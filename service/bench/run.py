@@ -5,7 +5,8 @@ This machine's speed drifts (other tenants, clocks), and each target compares tw
 measurements, so they are taken side by side: both gateways run for the whole benchmark
 (each on its own copy of the embedded Qdrant), every cell is split into ``rounds``
 rounds that alternate between the two modes (order flipped every round), and the bare
-encoder + search is sampled in the same rounds as the 1-client cells. Idle gateways
+encoder + search is sampled in the same rounds as the 1-client cells. Each round first
+loads the gateway for ``warmup`` seconds that are not counted (closed-loop ramp-up). Idle gateways
 cost nothing (no registry polling)."""
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from service.bench.setup import GALLERY, Queries, build_gallery, make_queries
 from service.core.config import Settings
 from training.encoders import ModelSpec
 
-QUICK = {"points": 1000, "embed": 64, "duration": 2.0, "model_config": "tiny-old", "rounds": 2}
+QUICK = {"points": 1000, "embed": 64, "duration": 2.0, "model_config": "tiny-old", "rounds": 2,
+         "warmup": 0.25}
 TEXT_SPEEDUP = 3.0  # batched text QPS at 32 clients over unbatched
 LATENCY_RATIO = 1.5  # gateway p50 at 1 client over the bare encoder + search
 MODALITIES = ("text", "image")
@@ -85,7 +87,8 @@ def _measure(args: argparse.Namespace, urls: dict[str, str], bare: BareMeter,
                     samples += bare.sample(modality, repeats)
                 for mode in (list(urls) if r % 2 == 0 else list(urls)[::-1]):
                     runs[mode].append(server.load(urls[mode], GALLERY, query_file, modality,
-                                                  level, args.duration / args.rounds))
+                                                  level, args.duration / args.rounds,
+                                                  args.warmup))
             for mode, mode_runs in runs.items():
                 found.setdefault((mode, modality), {})[str(level)] = server.pool(mode_runs)
         found[("bare", modality)] = samples

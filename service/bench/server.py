@@ -44,11 +44,13 @@ def warm_up(url: str, gallery: str, text: str, image: str, rounds: int = 3) -> N
 
 
 def load(url: str, gallery: str, queries: Path, modality: str, concurrency: int,
-         duration: float) -> dict:
-    """One measurement by a separate load-generating process."""
+         duration: float, warmup: float = 0.0) -> dict:
+    """One measurement by a separate load-generating process (``warmup`` seconds of load
+    first, not counted)."""
     cmd = [sys.executable, "-m", "service.bench.load", "--url",
            f"{url}/v1/galleries/{gallery}/search", "--queries", str(queries), "--modality",
-           modality, "--concurrency", str(concurrency), "--duration", str(duration)]
+           modality, "--concurrency", str(concurrency), "--duration", str(duration),
+           "--warmup", str(warmup)]
     done = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(done.stdout)
 
