@@ -83,6 +83,21 @@ def test_items_arriving_during_a_forward_go_together_next(lane) -> None:
     assert fn.batches == [[0], [1, 2, 3, 4, 5]]
 
 
+def test_no_wait_still_groups_what_one_event_loop_turn_submits(lane) -> None:
+    """max_wait 0: items submitted in the same turn (callers woken by one forward's
+    results) go together; one submitted later to an idle batcher goes at once, alone."""
+    fn = Recorder()
+
+    async def main() -> float:
+        batcher = MicroBatcher(fn, lane, max_size=32, max_wait_s=0.0)
+        await asyncio.gather(*(batcher.submit(i) for i in range(5)))
+        t0 = time.perf_counter()
+        await batcher.submit(5)
+        return time.perf_counter() - t0
+    assert run(main()) < 1.0
+    assert fn.batches == [[0, 1, 2, 3, 4], [5]]
+
+
 def test_max_size_one_turns_batching_off(lane) -> None:
     fn = Recorder()
 
@@ -213,8 +228,8 @@ def gallery_store():
 
 
 def test_concurrent_searches_share_one_qdrant_call(gallery_store, lane) -> None:
-    """Searches that arrive during a Qdrant call go together in the next one, and each
-    caller gets exactly what a search of its own returns."""
+    """Searches submitted together (as one forward's callers do) go in one Qdrant call, and
+    each caller gets exactly what a search of its own returns."""
     from service.runtime.search_batcher import SearchBatcher
 
     store, vectors = gallery_store
@@ -227,7 +242,7 @@ def test_concurrent_searches_share_one_qdrant_call(gallery_store, lane) -> None:
         batcher = SearchBatcher(store, lane, max_size=32)
         return await asyncio.gather(*(batcher.search("g", v, "image", 3) for v in vectors[:10]))
     together = run(main())
-    assert calls == [1, 9]  # the first starts at once; the other nine wait and go together
+    assert calls == [10]  # submitted in the same event-loop turn: one call
     for v, hits in zip(vectors[:10], together, strict=True):
         assert [h.id for h in hits] == [h.id for h in many("g", [Search(v, "image", 3)])[0]]
     assert [hits[0].id for hits in together] == [f"i{n}" for n in range(10)]  # itself first

@@ -41,8 +41,9 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--bare-repeats", type=int, default=30,
                    help="bare encoder + search samples per modality (over the rounds)")
     p.add_argument("--batch-size", type=int, default=32, help="max batch when batching is on")
-    p.add_argument("--max-wait-ms", type=float, default=2.0,
-                   help="batching max wait (0: start at once when the device is idle)")
+    p.add_argument("--max-wait-ms", type=float, default=None,
+                   help="batching max wait (default: the gateway's; 0: start at once when "
+                        "the device is idle)")
     p.add_argument("--device", help="torch device for the gateway (default: cuda if present)")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: tiny model, 1,000 points, 2 s per measurement")

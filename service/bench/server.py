@@ -19,16 +19,18 @@ ADMIN_KEY = "bench-admin"
 
 
 @contextlib.contextmanager
-def gateway(data_dir: Path, qdrant_path: Path, log: Path, batch_size: int, max_wait_ms: float,
+def gateway(data_dir: Path, qdrant_path: Path, log: Path, batch_size: int,
+            max_wait_ms: float | None,
             device: str | None, ready_timeout_s: float = 600.0) -> Iterator[str]:
     """A running gateway with the batching settings under test, on its own copy of the
     embedded Qdrant (one process per path); yields its base URL."""
     env = {"NOBACKFILL_DATA_DIR": str(data_dir), "NOBACKFILL_QDRANT_PATH": str(qdrant_path),
            "NOBACKFILL_REGISTRY_POLL_INTERVAL_S": "0",  # nothing is promoted during the run
            "NOBACKFILL_BATCH_MAX_SIZE": str(batch_size),
-           "NOBACKFILL_BATCH_MAX_WAIT_MS": str(max_wait_ms),
            "NOBACKFILL_ADMIN_API_KEYS": json.dumps({"bench": ADMIN_KEY}),
            "NOBACKFILL_ACCESS_LOG": "false"}  # a log line per request would cost CPU
+    if max_wait_ms is not None:  # else the gateway's default
+        env["NOBACKFILL_BATCH_MAX_WAIT_MS"] = str(max_wait_ms)
     if device:
         env["NOBACKFILL_DEVICE"] = device
     with gateway_process(env, log, ready_timeout_s) as url:

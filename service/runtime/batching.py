@@ -1,7 +1,8 @@
 """Dynamic batching: concurrent requests are grouped into one call of a batch function.
 
 A batch starts when ``max_size`` items wait, or ``max_wait_s`` after the first one
-arrived. At most one batch per batcher runs at a time; items that arrive meanwhile
+arrived (0: at the end of the event-loop turn it arrived in, with whatever else was
+submitted in that turn). At most one batch per batcher runs at a time; items that arrive meanwhile
 wait for it to finish and then go at once (they have already waited), so under load
 batches fill up by themselves and a lone request pays at most ``max_wait_s``.
 The batch function is blocking (a model forward) and runs on ``executor``, never on
@@ -31,7 +32,7 @@ class MicroBatcher(Generic[T, R]):
         self.max_wait_s = max_wait_s
         self._on_batch = on_batch
         self._pending: list[tuple[T, asyncio.Future[R]]] = []
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.Handle | None = None
         self._running = False
         self._tasks: set[asyncio.Task[None]] = set()  # strong refs: tasks must not be GC'd
 
@@ -45,11 +46,14 @@ class MicroBatcher(Generic[T, R]):
     def _schedule(self) -> None:
         if self._running or not self._pending:
             return  # the running batch starts the next one when it finishes
-        if len(self._pending) >= self.max_size or self.max_wait_s <= 0:
+        if len(self._pending) >= self.max_size:
             self._start()
         elif self._timer is None:
             loop = asyncio.get_running_loop()
-            self._timer = loop.call_later(self.max_wait_s, self._on_timer)
+            # No wait still waits for the end of this event-loop turn: callers woken
+            # together (e.g. by one forward's results) then submit together.
+            self._timer = (loop.call_soon(self._on_timer) if self.max_wait_s <= 0
+                           else loop.call_later(self.max_wait_s, self._on_timer))
 
     def _on_timer(self) -> None:
         self._timer = None
