@@ -27,7 +27,7 @@ serve: $(STAMP)
 	$(PY) -m service.launch
 
 # The whole story (DESIGN.md) on the synthetic world, non-interactively: a table per step,
-# runs/demo/report.md with plots. 16.3 minutes measured on 2 CPU cores.
+# runs/demo/report.md with plots. 16.3 and 17.9 minutes measured on 2 CPU cores.
 DEMO_OUT ?= runs/demo
 demo: $(STAMP)
 	$(VENV)/bin/nobackfill demo --out $(DEMO_OUT)
