@@ -2,9 +2,10 @@
 
 A batch starts when ``max_size`` items wait, or ``max_wait_s`` after the first one
 arrived (0: at the end of the event-loop turn it arrived in, with whatever else was
-submitted in that turn). At most one batch per batcher runs at a time; items that arrive meanwhile
-wait for it to finish and then go at once (they have already waited), so under load
-batches fill up by themselves and a lone request pays at most ``max_wait_s``.
+submitted in that turn). At most one batch per batcher runs at a time; items that
+arrive meanwhile wait for it to finish and then go at once (they have already waited),
+so under load batches fill up by themselves and a lone request pays at most
+``max_wait_s``.
 The batch function is blocking (a model forward) and runs on ``executor``, never on
 the event loop. ``max_size=1`` turns batching off.
 """

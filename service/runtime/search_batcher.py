@@ -25,8 +25,9 @@ Outcome = list[Hit] | Exception
 class SearchBatcher:
     def __init__(self, store: GalleryStore, executor: Executor, max_size: int) -> None:
         self.store = store
-        # No wait: a search starts as soon as the previous call is done; under load the
-        # next group gathers during that call.
+        # No wait beyond the event-loop turn: one forward's callers search together, and
+        # under load the next group gathers while a call runs. One lane thread: local
+        # mode is serialised anyway, and a server gets one request per group.
         self._batcher: MicroBatcher[Request, Outcome] = MicroBatcher(
             self._run, executor, max_size, max_wait_s=0.0)
 
