@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import io
+import itertools
 import statistics
 import time
 from collections.abc import Callable
@@ -29,11 +30,11 @@ class BareMeter:
         self.encoder = load_encoder(Registry(settings.registry_dir).artifact(VERSION), VERSION,
                                     settings.device)
         self.store = GalleryStore(open_qdrant(settings), serialise=True)
-        self.texts = queries.texts
-        self.images = [Image.open(io.BytesIO(base64.b64decode(b))).convert("RGB")
-                       for b in queries.images]
+        # each round goes on through the query lists where the last one stopped
+        self.texts = itertools.cycle(queries.texts)
+        self.images = itertools.cycle([Image.open(io.BytesIO(base64.b64decode(b))).convert("RGB")
+                                       for b in queries.images])
         self.top_k = top_k
-        self._next = {"text": 0, "image": 0}  # each round goes on through the query list
 
     def close(self) -> None:
         self.store.close()
@@ -52,16 +53,10 @@ class BareMeter:
         return t1 - t0, time.perf_counter() - t1
 
     def _text(self) -> np.ndarray:
-        return self.encoder.encode_texts([self.texts[self._advance("text", len(self.texts))]])[0]
+        return self.encoder.encode_texts([next(self.texts)])[0]
 
     def _image(self) -> np.ndarray:
-        return self.encoder.encode_images([self.images[self._advance("image",
-                                                                     len(self.images))]])[0]
-
-    def _advance(self, modality: str, n: int) -> int:
-        i = self._next[modality]
-        self._next[modality] = i + 1
-        return i % n
+        return self.encoder.encode_images([next(self.images)])[0]
 
 
 def summary(samples: list[Sample]) -> dict:
