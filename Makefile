@@ -24,7 +24,7 @@ test: $(STAMP)
 # The service on this machine: bootstraps a demo on first start, then the embedded worker
 # and the gateway on http://127.0.0.1:8000/ (settings: NOBACKFILL_* variables, .env.example).
 serve: $(STAMP)
-	$(PY) -m service.launch
+	$(PY) -m service.stack.launch
 
 # The whole story (DESIGN.md) on the synthetic world, non-interactively: a table per step,
 # runs/demo/report.md with plots. 16.3 and 17.9 minutes measured on 2 CPU cores.

@@ -2,7 +2,7 @@
 
 Imports ``training``; never imports ``worker`` internals.
 
-Layout (``python -m service`` or ``uvicorn service.main:app``; settings ``NOBACKFILL_*``):
+Layout (``python -m service`` or ``uvicorn service.api.app:app``; settings ``NOBACKFILL_*``):
 
 - ``core/``      settings (one pydantic-settings class), typed errors, Prometheus metrics
 - ``registry/``  model versions, the atomic locked index, per-gallery active version and

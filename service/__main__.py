@@ -1,4 +1,4 @@
-"""``python -m service``: run the gateway with uvicorn (one process; see service.main)."""
+"""``python -m service``: run the gateway with uvicorn (one process; see service.api.app)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import logging
 
 import uvicorn
 
-from service.core.config import Settings
-from service.main import create_app
+from service.api.app import create_app
+from service.state.config import Settings
 
 
 def main() -> None:

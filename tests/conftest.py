@@ -73,9 +73,9 @@ def gateway_factory(tmp_path: Path, micro_versions: dict[str, Path]):
 
     from fastapi.testclient import TestClient
 
-    from service.core.config import Settings
-    from service.main import create_app
-    from service.registry import Registry
+    from service.api.app import create_app
+    from service.state.config import Settings
+    from service.state.registry import Registry
 
     @contextlib.contextmanager
     def make(load=None, **overrides):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from training.artifacts import load_artifact
-from training.base import train_base
+from training.contrastive import train_contrastive
 from training.data import PairDataset
 from training.errors import ConfigError, DataError
 from training.trainer import TrainConfig, lr_factor, make_optimizer
@@ -19,7 +19,7 @@ from training.versions import load_encoder
 def test_smoke_run_loss_falls_and_artifact_round_trips(micro_spec, small_world: PairDataset,
                                                       tmp_path: Path) -> None:
     cfg = TrainConfig(steps=60, batch_size=32, lr=2e-3, warmup=0.1, seed=0, checkpoint_every=20)
-    art = train_base(micro_spec, small_world, cfg, tmp_path / "v1", eval_dataset=small_world,
+    art = train_contrastive(micro_spec, small_world, cfg, tmp_path / "v1", eval_dataset=small_world,
                      version_id="v1", show_progress=False, checkpoint_dir=tmp_path / "ckpt")
     losses = art.manifest["metrics"]
     assert losses["final_loss"] < 3.0  # log(32) = 3.47 is chance level
@@ -35,7 +35,7 @@ def test_smoke_run_loss_falls_and_artifact_round_trips(micro_spec, small_world: 
 
 
 def test_loss_falls_over_training(micro_spec, small_world: PairDataset, tmp_path: Path) -> None:
-    from training.base import ContrastiveTask
+    from training.contrastive import ContrastiveTask
     from training.encoders import Encoder, create_model, create_tokenizer
     from training.pairs import build_pairs, pair_batches
     from training.trainer import train
@@ -51,8 +51,8 @@ def test_loss_falls_over_training(micro_spec, small_world: PairDataset, tmp_path
 
 def test_training_is_seeded(micro_spec, small_world: PairDataset, tmp_path: Path) -> None:
     cfg = TrainConfig(steps=5, batch_size=16, lr=1e-3, seed=7)
-    a = train_base(micro_spec, small_world, cfg, tmp_path / "a", show_progress=False)
-    b = train_base(micro_spec, small_world, cfg, tmp_path / "b", show_progress=False)
+    a = train_contrastive(micro_spec, small_world, cfg, tmp_path / "a", show_progress=False)
+    b = train_contrastive(micro_spec, small_world, cfg, tmp_path / "b", show_progress=False)
     assert a.manifest["metrics"]["final_loss"] == b.manifest["metrics"]["final_loss"]
     assert a.manifest["files"]["model.safetensors"] == b.manifest["files"]["model.safetensors"]
 
@@ -101,18 +101,18 @@ def test_existing_output_and_empty_data(micro_spec, small_world: PairDataset,
     (tmp_path / "taken").mkdir()
     cfg = TrainConfig(steps=2, batch_size=8)
     with pytest.raises(ConfigError, match="already exists"):
-        train_base(micro_spec, small_world, cfg, tmp_path / "taken", show_progress=False)
+        train_contrastive(micro_spec, small_world, cfg, tmp_path / "taken", show_progress=False)
     with pytest.raises(DataError):
-        train_base(micro_spec, small_world.subset([]), cfg, tmp_path / "v", show_progress=False)
+        train_contrastive(micro_spec, small_world.subset([]), cfg, tmp_path / "v", show_progress=False)
     assert not (tmp_path / "v").exists()
     with pytest.raises(DataError, match="xx"):
-        train_base(micro_spec, small_world, cfg, tmp_path / "w", languages=("xx",),
+        train_contrastive(micro_spec, small_world, cfg, tmp_path / "w", languages=("xx",),
                    show_progress=False)
     assert not (tmp_path / "w").exists()
 
 
 def test_bench_base_targets_each_fail_on_their_own() -> None:
-    from training.bench.base import check_targets
+    from training.bench.base_models import check_targets
 
     def model(t2i: float, i2t: float, seconds: float) -> dict:
         return {"t2i": {"R@1": t2i}, "i2t": {"R@1": i2t}, "seconds": seconds}

@@ -13,7 +13,6 @@ import torch
 
 from tests.conftest import MICRO_CONFIG, MICRO_PREPROCESS
 from training.artifacts import Artifact
-from training.base import train_base
 from training.continual import STRATEGIES, get_strategy
 from training.continual.ctp import CtpConfig, CtpTask, FeatureQueues
 from training.continual.dns import (
@@ -25,6 +24,7 @@ from training.continual.dns import (
 from training.continual.phase import load_state, run_phase
 from training.continual.replay import ReplayMemory
 from training.continual.strategy import PhaseOptions, StrategyConfig
+from training.contrastive import train_contrastive
 from training.data import PairDataset
 from training.encoders import ModelSpec
 from training.errors import ConfigError, DataError
@@ -45,7 +45,7 @@ FAST = {"steps": 3, "batch_size": 16, "show_progress": False}
 def base(micro_spec_module, small_world: PairDataset, tmp_path_factory) -> Artifact:
     """A micro model trained a few steps: the parent of every phase here."""
     out = tmp_path_factory.mktemp("continual") / "v0"
-    return train_base(micro_spec_module, small_world, TrainConfig(steps=4, batch_size=16),
+    return train_contrastive(micro_spec_module, small_world, TrainConfig(steps=4, batch_size=16),
                       out, version_id="v0", show_progress=False)
 
 
@@ -199,7 +199,7 @@ def test_dns_rejects_a_model_without_a_linear_projection(tmp_path: Path,
     config = {**MICRO_CONFIG, "embed_dim": 64,
               "text_cfg": {**MICRO_CONFIG["text_cfg"], "proj_type": "none"}}
     spec = ModelSpec(config=config, preprocess=dict(MICRO_PREPROCESS))
-    art = train_base(spec, small_world, TrainConfig(steps=1, batch_size=8), tmp_path / "v",
+    art = train_contrastive(spec, small_world, TrainConfig(steps=1, batch_size=8), tmp_path / "v",
                      show_progress=False)
     with pytest.raises(ConfigError, match="linear final projections"):
         find_projection(native_model(art), "text", "text_projection")

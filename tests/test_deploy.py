@@ -22,7 +22,7 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from service.core.config import Settings
+from service.state.config import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -187,12 +187,12 @@ def test_workers_receive_every_setting_but_the_gateway_only_ones(
 
 def test_bootstrap_service_runs_the_demo_against_the_stack(
         services: dict[str, dict[str, Any]]) -> None:
-    from service.bootstrap import bootstrap  # the function its command calls
+    from service.stack.bootstrap import bootstrap  # the function its command calls
 
     assert callable(bootstrap)
     service = services["bootstrap"]
     assert service["profiles"] == ["demo"] and service["restart"] == "no"
-    assert "from service.bootstrap import bootstrap" in " ".join(service["command"])
+    assert "from service.stack.bootstrap import bootstrap" in " ".join(service["command"])
     env = environment(service)
     gateway = environment(services["gateway"])
     assert {k for k in env if k.startswith("NOBACKFILL_")} == set(SETTINGS) - GATEWAY_ONLY

@@ -20,7 +20,7 @@ import httpx
 import pytest
 import yaml
 
-from service.launch import free_port, stop
+from service.stack.launch import free_port, stop
 
 ROOT = Path(__file__).resolve().parents[1]
 VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?([-?])([^}]*))?\}")

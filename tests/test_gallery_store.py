@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 from qdrant_client import QdrantClient
 
-from service.gallery import GalleryStore
-from service.gallery.store import Item
+from service.state.gallery import GalleryStore
+from service.state.gallery.store import Item
 
 
 def unit(seed: int, dim: int = 8) -> np.ndarray:

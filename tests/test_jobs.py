@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from service.core.errors import Conflict
-from service.jobs import JobNotFound, JobStore
+from service.state.errors import Conflict
+from service.state.jobs import JobNotFound, JobStore
 from training.artifacts import load_artifact, write_artifact
 from training.data import PairDataset, generate_items
 from training.errors import ConfigError

@@ -1,22 +1,237 @@
-"""Dependencies point one way: training/ is a library with no web or queue imports."""
+"""The layout is the architecture: dependencies point one way and no module imports itself
+back through others.
+
+Rules (DESIGN.md, "Parts and where they live"):
+- ``training`` is a library: it imports neither ``service`` nor ``worker``, nor any web or
+  queue framework, not even by string (``importlib.import_module``, ``__import__``).
+- ``worker`` imports only the shared state layer of the gateway (``service.state``).
+- ``service`` never imports ``worker``.
+- No import cycle between modules (imports inside functions count too).
+
+Run this file alone (``pytest tests/test_layout.py -q -s``) to print the import graph's
+summary.
+"""
 
 from __future__ import annotations
 
-import re
+import ast
+import sys
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
-UPWARD = re.compile(r"^\s*(from|import)\s+(fastapi|celery|uvicorn|starlette|service|worker)\b",
-                    re.MULTILINE)
+PACKAGES = ("training", "service", "worker")
+FRAMEWORKS = ("fastapi", "celery", "uvicorn", "starlette", "kombu")
 
 
-def test_training_imports_no_web_or_queue_code() -> None:
-    offenders = [str(p.relative_to(ROOT)) for p in (ROOT / "training").rglob("*.py")
-                 if UPWARD.search(p.read_text())]
-    assert offenders == []
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            found[module_name(path)] = path
+    return found
+
+
+def _string_imports(node: ast.Call) -> Iterator[str]:
+    """``importlib.import_module("x")`` / ``import_module("x")`` / ``__import__("x")``."""
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    if name in ("import_module", "__import__") and node.args:
+        first = node.args[0]
+        if isinstance(first, ast.Constant) and isinstance(first.value, str):
+            yield first.value
+
+
+def imported_names(path: Path, module: str,
+                   known: Collection[str] = ()) -> Iterator[str]:
+    """Every dotted name ``path`` imports, anywhere in the file (functions included).
+    ``from a import b`` names ``a.b`` when that is a module in ``known`` (importing a
+    submodule runs its package first, which is not a dependency on the package's own
+    code), and ``a`` when ``b`` is a name defined in ``a``."""
+    is_package = path.name == "__init__.py"
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(node, module, is_package)
+            names = [f"{base}.{alias.name}" for alias in node.names]
+            yield from names
+            if not known or any(name not in known for name in names):
+                yield base
+        elif isinstance(node, ast.Call):
+            yield from _string_imports(node)
+
+
+def _absolute(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    if not node.level:
+        return node.module or ""
+    parts = module.split(".")
+    parent = parts if is_package else parts[:-1]
+    parent = parent[:len(parent) - (node.level - 1)]
+    return ".".join(parent + ([node.module] if node.module else []))
+
+
+def edges() -> dict[str, set[str]]:
+    """module -> the project modules it imports (``from a import b`` names a.b when b is a
+    module, else a)."""
+    known = modules()
+    graph: dict[str, set[str]] = {}
+    for module, path in known.items():
+        targets = set()
+        for name in imported_names(path, module, known):
+            if name in known and name != module:
+                targets.add(name)
+        graph[module] = targets
+    return graph
+
+
+def external(module: str) -> set[str]:
+    """Top-level names of everything ``module`` imports (project or not)."""
+    path = modules()[module]
+    return {name.split(".")[0] for name in imported_names(path, module) if name}
+
+
+def violations() -> list[str]:
+    graph = edges()
+    found = []
+    for module, targets in sorted(graph.items()):
+        top = module.split(".")[0]
+        for target in sorted(targets):
+            if top == "training" and target.split(".")[0] in ("service", "worker"):
+                found.append(f"{module} -> {target} (training is a library)")
+            if top == "worker" and target.startswith("service") \
+                    and not target.startswith("service.state"):
+                found.append(f"{module} -> {target} (worker may import service.state only)")
+            if top == "service" and target.startswith("worker"):
+                found.append(f"{module} -> {target} (service never imports worker)")
+        if top == "training":
+            found += [f"{module} -> {name} (training imports no web or queue framework)"
+                      for name in sorted(external(module) & set(FRAMEWORKS))]
+            found += [f"{module} names {text!r} (training is a library, even by string)"
+                      for text in upward_strings(modules()[module])]
+    return found
+
+
+def upward_strings(path: Path) -> list[str]:
+    """String constants that name a service/worker module (``"service.bench"``): a module
+    named by string and imported later is still an import."""
+    return sorted({node.value for node in ast.walk(ast.parse(path.read_text()))
+                   if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                   and node.value.split(".")[0] in ("service", "worker")
+                   and all(part.isidentifier() for part in node.value.split("."))})
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def summary() -> str:
+    graph = edges()
+    lines = [f"{len(graph)} modules, {sum(map(len, graph.values()))} import edges"]
+    bad = violations()
+    lines.append(f"{len(bad)} layer violation(s)")
+    lines += [f"  {v}" for v in bad]
+    loops = cycles(graph)
+    lines.append(f"{len(loops)} import cycle(s)")
+    lines += [f"  {' <-> '.join(c)}" for c in loops]
+    return "\n".join(lines)
+
+
+def test_the_graph_reader_sees_string_and_function_level_imports(tmp_path: Path) -> None:
+    source = ("import importlib\n"
+              "def f():\n"
+              "    from service.api import app\n"
+              "    importlib.import_module('worker.tasks')\n"
+              "    __import__('service.bench')\n")
+    path = tmp_path / "probe.py"
+    path.write_text(source)
+    names = set(imported_names(path, "training.probe"))
+    assert {"service.api", "service.api.app", "worker.tasks", "service.bench"} <= names
+
+
+def test_cycle_finder_finds_a_loop_and_only_loops() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_dependencies_point_one_way() -> None:
+    assert violations() == []
+
+
+def test_no_import_cycles() -> None:
+    assert cycles(edges()) == []
 
 
 def test_top_level_layout() -> None:
     for name in ("pyproject.toml", "training", "service", "worker", "deploy", "tests",
-                 "README.md", "Makefile", ".ci/run"):
+                 "README.md", "Makefile", ".ci/run", "docker-compose.yml", ".env.example"):
         assert (ROOT / name).exists(), name
+    loose = sorted(p.name for p in (ROOT / "service").glob("*.py"))
+    assert loose == ["__init__.py", "__main__.py"]
+
+
+@pytest.mark.parametrize("table", ["README.md"])
+def test_readme_layout_table_names_paths_that_exist(table: str) -> None:
+    """Every path in the README's layout table (``| `path` | ...``) exists."""
+    rows = [line for line in (ROOT / table).read_text().splitlines()
+            if line.startswith("| `")]
+    paths = [cell.strip().strip("`") for row in rows
+             for cell in row.split("|")[1].split(",") if cell.strip().startswith("`")]
+    assert paths, "the README has no layout table"
+    missing = [p for p in paths if not (ROOT / p).exists()]
+    assert missing == []
+
+
+if __name__ == "__main__":
+    print(summary())
+    sys.exit(0)

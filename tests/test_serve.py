@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.launch import free_port, stop
+from service.stack.launch import free_port, stop
 
 REPO = Path(__file__).resolve().parents[1]
 KEY = "serve-test-key"
@@ -28,7 +28,7 @@ def launched(data: Path, port: int, log: Path) -> Iterator[str]:
            "NOBACKFILL_BOOTSTRAP_STEPS": "2", "NOBACKFILL_DEVICE": "cpu",
            "NOBACKFILL_ADMIN_API_KEYS": f'{{"ops": "{KEY}"}}'}
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "service.launch"], cwd=REPO, env=env,
+        proc = subprocess.Popen([sys.executable, "-m", "service.stack.launch"], cwd=REPO, env=env,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:

@@ -469,7 +469,7 @@ def test_bench_load_generator_speaks_http_keep_alive() -> None:
 
 
 def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from service.core.config import Settings
+    from service.state.config import Settings
 
     monkeypatch.setenv("NOBACKFILL_ADMIN_API_KEYS", '{"ops": "s3cret"}')
     monkeypatch.setenv("NOBACKFILL_QDRANT_PATH", ":memory:")

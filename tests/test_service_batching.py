@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from conftest import ADMIN
 
-from service.gallery.store import Search
 from service.runtime.batching import MicroBatcher
+from service.state.gallery.store import Search
 
 
 class Recorder:
@@ -214,7 +214,7 @@ def test_gateway_caps_numpy_blas_threads(gateway_factory, setting, expected) -> 
 def gallery_store():
     from qdrant_client import QdrantClient
 
-    from service.gallery import GalleryStore, Item
+    from service.state.gallery import GalleryStore, Item
 
     store = GalleryStore(QdrantClient(":memory:"), serialise=True)
     store.create("g", 4)
@@ -251,8 +251,8 @@ def test_concurrent_searches_share_one_qdrant_call(gallery_store, lane) -> None:
 def test_a_failing_search_fails_only_its_caller(gallery_store, lane) -> None:
     """A bad search grouped with good ones (same gallery, or an unknown gallery) gets its
     error; the others in its group still get their results."""
-    from service.core.errors import Unavailable
     from service.runtime.search_batcher import SearchBatcher
+    from service.state.errors import Unavailable
 
     store, vectors = gallery_store
 

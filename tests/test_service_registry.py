@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from service.core.errors import (
+from service.state.errors import (
     AlreadyExists,
     Conflict,
     GalleryNotFound,
@@ -23,8 +23,8 @@ from service.core.errors import (
     SpaceMismatch,
     VersionNotFound,
 )
-from service.registry import Registry
-from service.registry import index as index_module
+from service.state.registry import Registry
+from service.state.registry import index as index_module
 from training.artifacts import WEIGHTS
 
 FORK = multiprocessing.get_context("fork")  # children only touch JSON files, never torch

@@ -13,7 +13,7 @@ import pytest
 from conftest import ADMIN
 from fastapi.testclient import TestClient
 
-from service.registry import Registry
+from service.state.registry import Registry
 from training.data import generate_items
 from training.versions import load_encoder
 

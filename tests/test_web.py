@@ -17,7 +17,7 @@ from PIL import Image
 from test_service_api import b64, png
 
 from service import web
-from service.thumbnails import MAX_SIDE, ThumbnailStore, file_name, make_thumbnail
+from service.state.thumbnails import MAX_SIDE, ThumbnailStore, file_name, make_thumbnail
 from training.data import generate_items, render
 
 ITEMS = generate_items(6, seed=11, languages=("en",))

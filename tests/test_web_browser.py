@@ -34,7 +34,7 @@ try:
 except ImportError:  # reported by require_browser() as a failure, not a collection error
     expect = sync_playwright = None  # type: ignore[assignment]
 
-from service.launch import free_port
+from service.stack.launch import free_port
 from training.data import generate_items, render
 from training.encoders import ModelSpec
 
@@ -87,9 +87,9 @@ def live(tmp_path_factory: pytest.TempPathFactory, micro_versions: dict[str, Pat
     (space v1, served by v1) holding 16 synthetic image+caption items and one odd id."""
     import uvicorn
 
-    from service.core.config import Settings
-    from service.main import create_app
-    from service.registry import Registry
+    from service.api.app import create_app
+    from service.state.config import Settings
+    from service.state.registry import Registry
 
     root = tmp_path_factory.mktemp("web")
     settings = Settings(data_dir=root / "data", qdrant_path=":memory:",

@@ -18,10 +18,10 @@ import redis
 from conftest import ADMIN, ADMIN_KEY
 from fastapi.testclient import TestClient
 
-from service.core.config import Settings
-from service.launch import stop
-from service.main import create_app
-from service.registry import Registry
+from service.api.app import create_app
+from service.stack.launch import stop
+from service.state.config import Settings
+from service.state.registry import Registry
 from training.data import write_dataset
 
 REPO = Path(__file__).resolve().parents[1]

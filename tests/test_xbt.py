@@ -16,9 +16,9 @@ from torch import nn
 
 from tests.conftest import MICRO_CONFIG, MICRO_PREPROCESS
 from training.artifacts import WEIGHTS, load_artifact, write_artifact
-from training.base import train_base
 from training.cli import main
-from training.compat import compatibility_of_artifacts
+from training.compatibility import compatibility_of_artifacts
+from training.contrastive import train_contrastive
 from training.data import PairDataset, generate_items, write_dataset
 from training.encoders import Encoder, ModelSpec, create_model, create_tokenizer
 from training.errors import ConfigError, DataError
@@ -60,9 +60,9 @@ def bases(tmp_path_factory: pytest.TempPathFactory, world: PairDataset) -> dict:
     """v1 (old, 32-d) and a NEW model artifact (48-d), each trained a few steps."""
     root = tmp_path_factory.mktemp("bases")
     cfg = TrainConfig(steps=2, batch_size=16)
-    return {"v1": train_base(spec(32), world, cfg, root / "v1", version_id="v1",
+    return {"v1": train_contrastive(spec(32), world, cfg, root / "v1", version_id="v1",
                              show_progress=False),
-            "new": train_base(spec(48), world, cfg, root / "new", version_id="new",
+            "new": train_contrastive(spec(48), world, cfg, root / "new", version_id="new",
                               show_progress=False)}
 
 

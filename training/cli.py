@@ -1,5 +1,13 @@
 """The ``nobackfill`` command line. Each subcommand is a small function; heavy
-imports happen inside them so ``--help`` stays fast."""
+imports happen inside them so ``--help`` stays fast.
+
+The library's own commands are defined here. Commands that need more than the library
+(``demo`` runs the gateway and a worker; ``bench serve`` runs gateways) are plugged in
+from outside through entry points (``pyproject.toml``): group ``nobackfill.commands``
+for top-level commands and ``nobackfill.benchmarks`` for ``bench NAME``, each naming a
+``register(subparsers, name)`` function. The library never names the packages that
+provide them, so ``nobackfill`` works with ``training/`` alone.
+"""
 
 from __future__ import annotations
 
@@ -10,18 +18,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from training.console import csv_list, emit
 from training.errors import NobackfillError
 
 Handler = Callable[[argparse.Namespace], int]
 
 
-def _csv(value: str) -> list[str]:
-    return [v.strip() for v in value.split(",") if v.strip()]
-
-
-def emit(args: argparse.Namespace, result: Any, text: str) -> None:
-    """Print JSON with --json, else the human-readable text."""
-    print(json.dumps(result, indent=2, default=str) if getattr(args, "json", False) else text)
+_csv = csv_list
 
 
 # ---------------------------------------------------------------- synth
@@ -76,7 +79,7 @@ def model_spec_from(args: argparse.Namespace) -> Any:
 
 # ---------------------------------------------------------------- train-base
 def cmd_train_base(args: argparse.Namespace) -> int:
-    from training.base import train_base
+    from training.contrastive import train_contrastive
     from training.trainer import TrainConfig
 
     cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr,
@@ -84,7 +87,7 @@ def cmd_train_base(args: argparse.Namespace) -> int:
                       checkpoint_every=args.checkpoint_every)
     dataset = open_dataset(args.data, args.skip_bad)
     eval_data = open_dataset(args.eval_data) if args.eval_data else None
-    art = train_base(model_spec_from(args), dataset, cfg, args.out, languages=args.languages,
+    art = train_contrastive(model_spec_from(args), dataset, cfg, args.out, languages=args.languages,
                      eval_dataset=eval_data, version_id=args.version_id,
                      checkpoint_dir=Path(args.out).with_name(Path(args.out).name + ".checkpoints")
                      if args.checkpoint_every else None)
@@ -116,7 +119,7 @@ def add_train_base(sub: argparse._SubParsersAction) -> None:
 # ---------------------------------------------------------------- eval / info
 def cmd_eval(args: argparse.Namespace) -> int:
     from training.artifacts import load_artifact
-    from training.compat import compatibility_of_artifacts
+    from training.compatibility import compatibility_of_artifacts
     from training.evaluate import format_matrix
 
     dataset = open_dataset(args.data, args.skip_bad)
@@ -303,28 +306,44 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("bench", help="benchmarks on the synthetic world")
     bench_sub = p.add_subparsers(dest="bench", required=True)
-    for name, (register, _) in BENCHMARKS.items():
+    for name, register in BENCHMARKS.items():
         register(bench_sub, name)
+    add_plugins(bench_sub, BENCH_PLUGINS)
 
 
-# ---------------------------------------------------------------- demo
-def add_demo(sub: argparse._SubParsersAction) -> None:
-    """The story runs the gateway and a worker, so it lives in service/ (imported by name:
-    training/ never imports the service)."""
-    import importlib
+# ---------------------------------------------------------------- plugged-in commands
+COMMAND_PLUGINS = "nobackfill.commands"
+BENCH_PLUGINS = "nobackfill.benchmarks"
 
-    importlib.import_module("service.demo").register(sub, "demo")
+
+def add_plugins(sub: argparse._SubParsersAction, group: str) -> None:
+    """Register the commands that installed packages declare in entry point ``group``.
+
+    A plugin that fails to load is reported on stderr and left out, so one broken
+    package cannot take the library's own commands down with it."""
+    from importlib.metadata import entry_points
+
+    for point in sorted(entry_points(group=group), key=lambda p: p.name):
+        try:
+            register = point.load()
+        except Exception as exc:  # noqa: BLE001 (reported, not hidden: the command is missing)
+            print(f"warning: command '{point.name}' ({point.value}) could not be loaded: "
+                  f"{type(exc).__name__}: {exc}", file=sys.stderr)
+            continue
+        register(sub, point.name)
 
 
 PARSERS = [add_synth, add_train_base, add_eval, add_info, add_upgrade, add_continual,
-           add_bench, add_demo]
+           add_bench]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="nobackfill", description=__doc__)
+    parser = argparse.ArgumentParser(prog="nobackfill", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     for add in PARSERS:
         add(sub)
+    add_plugins(sub, COMMAND_PLUGINS)
     return parser
 
 

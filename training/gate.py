@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from training.artifacts import Artifact
-from training.compat import compatibility_of_artifacts
+from training.compatibility import compatibility_of_artifacts
 from training.data import PairDataset
 from training.errors import ConfigError
 

@@ -14,9 +14,9 @@ from typing import Any
 
 from celery import Celery, signals
 
-from service.core.config import Settings
-from service.jobs.broker import celery_config
-from service.jobs.store import JobStore
+from service.state.config import Settings
+from service.state.jobs.broker import celery_config
+from service.state.jobs.store import JobStore
 
 log = logging.getLogger(__name__)
 settings = Settings()

@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from service.state.jobs.broker import TASK
 from worker.app import app, settings
 
 
-@app.task(name="nobackfill.run_job", bind=True, ignore_result=False)
+@app.task(name=TASK, bind=True, ignore_result=False)
 def run_job(self: Any, job_id: str) -> str | None:
-    from worker.run import run  # torch and training load here, in the task's process
+    from worker.lifecycle import run  # torch and training load here, in the task's process
 
     node = getattr(self.request, "hostname", None) or "worker"
     job = run(job_id, settings, f"{node}:{os.getpid()}")

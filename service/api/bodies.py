@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import Request
 from starlette.datastructures import FormData, UploadFile
 
-from service.core.errors import InvalidInput, TooLarge, UnsupportedMedia
+from service.state.errors import InvalidInput, TooLarge, UnsupportedMedia
 
 JSON = "application/json"
 MULTIPART = "multipart/form-data"

@@ -10,8 +10,8 @@ from fastapi import Depends, Request, Security
 from fastapi.security import APIKeyHeader
 from pydantic import SecretStr
 
-from service.core.errors import Unauthorized
-from service.gateway import Gateway
+from service.runtime.gateway import Gateway
+from service.state.errors import Unauthorized
 
 API_KEY_HEADER = "X-API-Key"
 api_key = APIKeyHeader(name=API_KEY_HEADER, auto_error=False)

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 from service.core import errors as e
-from service.core.errors import ServiceError
+from service.state.errors import ServiceError
 from training.errors import NobackfillError
 
 log = logging.getLogger(__name__)

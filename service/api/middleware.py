@@ -11,7 +11,7 @@ import time
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.errors import error_response
-from service.core.metrics import Metrics
+from service.runtime.metrics import Metrics
 
 
 class ObserveRequests:

@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def _main(args: argparse.Namespace) -> int:
     from service.bench.report import render
-    from training.cli import emit
+    from training.console import emit
 
     result = run(args)
     emit(args, result, render(result))

@@ -15,10 +15,10 @@ import numpy as np
 from PIL import Image
 
 from service.bench.setup import GALLERY, VERSION, Queries
-from service.core.config import Settings
-from service.core.threads import limit_blas_threads
-from service.gallery import GalleryStore, open_qdrant
-from service.registry import Registry
+from service.runtime.threads import limit_blas_threads
+from service.state.config import Settings
+from service.state.gallery import GalleryStore, open_qdrant
+from service.state.registry import Registry
 from training.versions import load_encoder
 
 Sample = tuple[float, float]  # seconds: encode, search

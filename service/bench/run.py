@@ -21,7 +21,7 @@ from typing import Any
 from service.bench import server
 from service.bench.bare import BareMeter, Sample, summary
 from service.bench.setup import GALLERY, Queries, build_gallery, make_queries
-from service.core.config import Settings
+from service.state.config import Settings
 from training.encoders import ModelSpec
 
 QUICK = {"points": 1000, "embed": 64, "duration": 2.0, "model_config": "tiny-old", "rounds": 2,
@@ -99,7 +99,7 @@ def _spec(args: argparse.Namespace) -> ModelSpec:
     if args.model_config:
         path = Path(args.model_config)
         if not path.exists():  # a packaged config name, e.g. "tiny-old"
-            from training.bench.base import config_path
+            from training.configs import config_path
 
             path = config_path(args.model_config)
         return ModelSpec.from_json(path)

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 
 from service.bench.load import percentile
-from service.launch import gateway_process
+from service.stack.launch import gateway_process
 
 ADMIN_KEY = "bench-admin"
 

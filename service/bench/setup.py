@@ -12,13 +12,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from service.core.config import Settings
-from service.gallery import GalleryStore, Item, open_qdrant
-from service.media import png_base64
-from service.registry import Registry
+from service.state.config import Settings
+from service.state.gallery import GalleryStore, open_qdrant
+from service.state.gallery.ingest import GalleryWriter, Source, embed, payload
+from service.state.registry import Registry
+from service.state.thumbnails import ThumbnailStore
+from service.usecases.media import png_base64
 from training.artifacts import WEIGHTS, model_state, write_artifact
 from training.data import generate_items, render
-from training.encoders import Encoder, ModelSpec, create_model, model_embed_dim
+from training.encoders import ModelSpec, create_model, model_embed_dim
 from training.versions import load_encoder
 
 GALLERY = "bench"
@@ -43,7 +45,7 @@ def write_version(spec: ModelSpec, out: Path) -> Path:
     return write_artifact(out, manifest, {WEIGHTS: model_state(model)}).path
 
 
-def build_gallery(settings: Settings, spec: ModelSpec, points: int, embed: int,
+def build_gallery(settings: Settings, spec: ModelSpec, points: int, embed_count: int,
                   work: Path) -> dict[str, Any]:
     start = time.perf_counter()
     registry = Registry(settings.registry_dir)
@@ -53,36 +55,36 @@ def build_gallery(settings: Settings, spec: ModelSpec, points: int, embed: int,
     store = GalleryStore(open_qdrant(settings), serialise=True)
     try:
         store.create(GALLERY, encoder.embed_dim)
-        embedded = _embed_items(encoder, min(embed, points))
-        _upsert_replicated(store, embedded, points)
+        writer = GalleryWriter(store, ThumbnailStore.of(settings), GALLERY, VERSION, VERSION)
+        sources = _sources(min(embed_count, points))
+        _write_replicated(writer, sources, embed(encoder, sources), points)
     finally:
         store.close()
-    return {"gallery_points": points, "embedded_by_encoder": min(embed, points),
-            "replicated_with_noise": points > embed, "noise_std": NOISE,
+    return {"gallery_points": points, "embedded_by_encoder": min(embed_count, points),
+            "replicated_with_noise": points > embed_count, "noise_std": NOISE,
             "dim": encoder.embed_dim, "seconds": round(time.perf_counter() - start, 1)}
 
 
-def _embed_items(encoder: Encoder, n: int) -> dict[str, Any]:
-    items = generate_items(n, seed=7, languages=("en",))
-    images = encoder.encode_images([render(it, 64) for it in items], batch_size=32)
-    texts = encoder.encode_texts([it.captions["en"][0] for it in items], batch_size=32)
-    return {"ids": [it.id for it in items], "domains": [it.domain for it in items],
-            "image": images, "text": texts}
+def _sources(n: int) -> list[Source]:
+    """n synthetic items, each with its first English caption and its rendered image."""
+    return [Source(it.id, it.captions["en"][0], render(it, 64), payload(domain=it.domain))
+            for it in generate_items(n, seed=7, languages=("en",))]
 
 
-def _upsert_replicated(store: GalleryStore, embedded: dict[str, Any], points: int,
-                       chunk: int = 500) -> None:
-    """Point i copies embedded item i % n; copies beyond the first get seeded noise."""
+def _write_replicated(writer: GalleryWriter, sources: list[Source],
+                      vectors: list[dict[str, np.ndarray]], points: int, chunk: int = 500) -> None:
+    """Point i copies embedded item i % n (no image kept: no thumbnail); copies beyond the
+    first get seeded noise."""
     rng = np.random.default_rng(0)
-    n = len(embedded["ids"])
-    for start in range(0, points, chunk):
-        batch = []
-        for i in range(start, min(points, start + chunk)):
-            base = i % n
-            vectors = {k: _jitter(embedded[k][base], rng, i >= n) for k in ("image", "text")}
-            batch.append(Item(f"{embedded['ids'][base]}#{i}", vectors,
-                              {"domain": embedded["domains"][base], "copy_of": base}))
-        store.upsert(GALLERY, batch, VERSION, VERSION)
+    n = len(sources)
+    for first in range(0, points, chunk):
+        copies, moved = [], []
+        for i in range(first, min(points, first + chunk)):
+            base = sources[i % n]
+            copies.append(Source(f"{base.id}#{i}", payload=payload(
+                {"copy_of": i % n}, domain=(base.payload or {}).get("domain"))))
+            moved.append({k: _jitter(v, rng, i >= n) for k, v in vectors[i % n].items()})
+        writer.write(copies, moved)
 
 
 def _jitter(vector: np.ndarray, rng: np.random.Generator, noisy: bool) -> np.ndarray:

@@ -15,8 +15,8 @@ from concurrent.futures import Executor
 
 import numpy as np
 
-from service.gallery.store import GalleryStore, Hit, Search, Where
 from service.runtime.batching import MicroBatcher
+from service.state.gallery.store import GalleryStore, Hit, Search, Where
 
 Request = tuple[str, Search]  # gallery, search
 Outcome = list[Hit] | Exception

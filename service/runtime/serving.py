@@ -15,10 +15,10 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
 
-from service.core.errors import GalleryNotFound, ServiceError, SpaceMismatch, Unavailable
-from service.core.metrics import Metrics
-from service.registry import GalleryRecord, Registry, VersionRecord
 from service.runtime.embedder import Batching, Embedder
+from service.runtime.metrics import Metrics
+from service.state.errors import GalleryNotFound, ServiceError, SpaceMismatch, Unavailable
+from service.state.registry import GalleryRecord, Registry, VersionRecord
 from training.artifacts import Artifact
 from training.encoders import Encoder
 

@@ -1,33 +1,21 @@
 """Benchmarks on the synthetic world, registered by name for ``nobackfill bench NAME``.
 
-Each entry maps a name to ``(register(subparsers, name), run(args) -> dict)``.
+Each entry maps a name to its ``register(subparsers, name)``; the registered command
+runs the benchmark and prints it with ``training.console.emit``. Benchmarks that need
+more than the library (``bench serve`` runs gateways) are plugged in through the
+``nobackfill.benchmarks`` entry point group (``training.cli.add_plugins``).
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import Any
 
-from training.bench import base, continual, language, xbt
+from training.bench import base_models, continual, language, xbt
 
-
-def _elsewhere(module: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
-    """An entry for a benchmark that lives outside the library (e.g. the gateway's in
-    ``service/``): training/ must not import it, so the module is named by string and
-    imported only when the entry is used."""
-    def register(sub: Any, name: str) -> None:
-        importlib.import_module(module).register(sub, name)
-
-    def run(args: Any) -> dict:
-        return importlib.import_module(module).run(args)
-    return register, run
-
-
-BENCHMARKS = {
-    "base": (base.register, base.run),
-    "xbt": (xbt.register, xbt.run),
-    "continual": (continual.register, continual.run),
-    "language": (language.register, language.run),
-    "serve": _elsewhere("service.bench"),
+BENCHMARKS: dict[str, Callable[[Any, str], None]] = {
+    "base": base_models.register,
+    "xbt": xbt.register,
+    "continual": continual.register,
+    "language": language.register,
 }

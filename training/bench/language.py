@@ -200,7 +200,7 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from training.cli import emit
+    from training.console import emit
 
     result = run(args)
     emit(args, result, render(result))

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from training.bench.base import BaseBench, test_set
+from training.bench.base_models import BaseBench, test_set
 from training.xbt.config import XbtConfig
 
 PAIRS_SEED = 20_000  # the paired set differs from the base training sets (seeds 1, 2)
@@ -286,7 +286,7 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from training.cli import emit
+    from training.console import emit
 
     result = run(args)
     emit(args, result, render(result))

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from training.base import ContrastiveTask
 from training.continual import register_strategy
 from training.continual.replay import NAMESPACE as REPLAY
 from training.continual.replay import ReplayMemory, mix
@@ -24,6 +23,7 @@ from training.continual.strategy import (
     StrategyConfig,
     select_trainable,
 )
+from training.contrastive import ContrastiveTask
 from training.data import PairDataset
 from training.errors import ConfigError
 from training.pairs import PairTensors, pair_batches

@@ -1,12 +1,10 @@
 from __future__ import annotations
 
-import asyncio
-
 from fastapi import APIRouter, Response
 
 from service.api.deps import GatewayDep
-from service.core.errors import Unavailable
-from service.core.metrics import CONTENT_TYPE
+from service.runtime.metrics import CONTENT_TYPE
+from service.usecases import health
 
 router = APIRouter(tags=["health"])
 
@@ -20,16 +18,10 @@ async def healthz() -> dict[str, str]:
 @router.get("/readyz")
 async def readyz(gateway: GatewayDep) -> dict:
     """Models loaded for every gallery and Qdrant reachable; 503 otherwise."""
-    problems = gateway.runtime.not_ready()
-    if problems:
-        raise Unavailable("not ready: " + "; ".join(problems))
-    await asyncio.to_thread(gateway.store.ping)  # 503 when Qdrant is unreachable
-    snapshot = gateway.runtime.snapshot
-    return {"status": "ready", "revision": snapshot.revision,
-            "galleries": {name: s.version for name, s in snapshot.galleries.items()}}
+    return await health.readiness(gateway)
 
 
 @router.get("/metrics")
 async def metrics(gateway: GatewayDep) -> Response:
     """Prometheus exposition format."""
-    return Response(gateway.metrics.exposition(), media_type=CONTENT_TYPE)
+    return Response(health.metrics_text(gateway), media_type=CONTENT_TYPE)

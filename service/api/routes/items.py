@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import asyncio
-
 from fastapi import APIRouter, Request
 
 from service.api import API_V1, bodies
@@ -16,12 +14,11 @@ from service.api.schemas.galleries import (
     ItemsIn,
     items_multipart_schema,
 )
-from service.core.config import Settings
-from service.core.errors import InvalidInput
-from service.gateway import Gateway
-from service.ingest import NewItem, ingest
-from service.media import from_base64
-from service.thumbnails import ThumbnailStore
+from service.state.config import Settings
+from service.state.errors import InvalidInput
+from service.usecases import items as use
+from service.usecases.items import NewItem
+from service.usecases.media import from_base64
 
 router = APIRouter(prefix=API_V1 + "/galleries/{gallery}/items", tags=["items"])
 BODY = {"requestBody": {"required": True, "content": {
@@ -34,13 +31,13 @@ async def add_items(gallery: str, request: Request, gateway: GatewayDep,
                     _: AdminDep) -> IngestOut:
     """Add or replace items (by id): JSON with texts and/or base64 images, or a multipart
     upload of ``images`` files with optional ``ids`` and ``payloads``."""
-    _known(gateway, gallery)
+    use.known_gallery(gateway, gallery)
     if bodies.is_form(request):
         items = await _from_form(request, gateway.settings)
     else:
         body = ItemsIn.model_validate_json(await request.body())
         items = [_from_json(item, gateway.settings) for item in body.items]
-    done = await ingest(gateway.runtime, gateway.store, gateway.settings, gallery, items)
+    done = await use.add_items(gateway, gallery, items)
     return IngestOut(gallery=done.gallery, version=done.version, space=done.space,
                      count=done.count)
 
@@ -48,26 +45,15 @@ async def add_items(gallery: str, request: Request, gateway: GatewayDep,
 @router.post("/delete", response_model=DeleteOut)
 async def delete_items(gallery: str, body: DeleteIn, gateway: GatewayDep,
                        _: AdminDep) -> DeleteOut:
-    _known(gateway, gallery)
-    await _delete(gateway, gallery, body.ids)
-    return DeleteOut(gallery=gallery, deleted=len(body.ids))
+    deleted = await use.delete_items(gateway, gallery, body.ids)
+    return DeleteOut(gallery=gallery, deleted=deleted)
 
 
 @router.delete("/{item_id}", response_model=DeleteOut)
 async def delete_item(gallery: str, item_id: str, gateway: GatewayDep,
                       _: AdminDep) -> DeleteOut:
-    _known(gateway, gallery)
-    await _delete(gateway, gallery, [item_id])
-    return DeleteOut(gallery=gallery, deleted=1)
-
-
-def _known(gateway: Gateway, gallery: str) -> None:
-    gateway.runtime.serving(gallery)  # 404 for a gallery this replica does not know
-
-
-async def _delete(gateway: Gateway, gallery: str, ids: list[str]) -> None:
-    await asyncio.to_thread(gateway.store.delete, gallery, ids)
-    await asyncio.to_thread(ThumbnailStore.of(gateway.settings).delete, gallery, ids)
+    deleted = await use.delete_items(gateway, gallery, [item_id])
+    return DeleteOut(gallery=gallery, deleted=deleted)
 
 
 def _from_json(item: ItemIn, settings: Settings) -> NewItem:

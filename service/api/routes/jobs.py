@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from fastapi import APIRouter
 
 from service.api import API_V1
 from service.api.deps import AdminDep, GatewayDep
 from service.api.schemas.jobs import JobIn, JobOut
-from service.gateway import Gateway
-from service.jobs.submit import submit_job
+from service.usecases import jobs
 
 router = APIRouter(prefix=f"{API_V1}/jobs", tags=["jobs"])
 
@@ -18,32 +15,24 @@ router = APIRouter(prefix=f"{API_V1}/jobs", tags=["jobs"])
 @router.post("", response_model=JobOut, status_code=202)
 async def create(body: JobIn, gateway: GatewayDep, admin: AdminDep) -> JobOut:
     """Queue a job; 422 on bad parameters and 503 when the broker is down (nothing kept)."""
-    job = await submit_job(gateway.registry, gateway.jobs, gateway.queue, gateway.settings,
-                           body.kind, body.gallery, body.params, body.auto_promote, admin)
-    return JobOut.of(job)
+    return JobOut.of(await jobs.submit_job(gateway, body.kind, body.gallery, body.params,
+                                           body.auto_promote, admin))
 
 
 @router.get("", response_model=list[JobOut])
 async def list_jobs(gateway: GatewayDep, _: AdminDep) -> list[JobOut]:
     """Every job, newest first."""
-    await _reap(gateway)
-    return [JobOut.of(j) for j in await asyncio.to_thread(gateway.jobs.list)]
+    return [JobOut.of(j) for j in await jobs.list_jobs(gateway)]
 
 
 @router.get("/{job_id}", response_model=JobOut)
 async def get_job(job_id: str, gateway: GatewayDep, _: AdminDep) -> JobOut:
     """One job with its live progress (step, total, loss, ETA), gate report and result."""
-    await _reap(gateway)
-    return JobOut.of(await asyncio.to_thread(gateway.jobs.get, job_id))
+    return JobOut.of(await jobs.get_job(gateway, job_id))
 
 
 @router.delete("/{job_id}", response_model=JobOut)
 async def cancel(job_id: str, gateway: GatewayDep, _: AdminDep) -> JobOut:
     """Cancel: a queued job at once; a running one stops within a few steps, leaving no
     version. 409 when it already finished."""
-    return JobOut.of(await asyncio.to_thread(gateway.jobs.cancel, job_id))
-
-
-async def _reap(gateway: Gateway) -> None:
-    """Fail running jobs whose worker went silent (killed), before anyone reads them."""
-    await asyncio.to_thread(gateway.jobs.reap, gateway.settings.job_stale_after_s)
+    return JobOut.of(await jobs.cancel_job(gateway, job_id))

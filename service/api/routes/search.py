@@ -11,10 +11,10 @@ from service.api.schemas.search import (
     SearchResponse,
     multipart_schema,
 )
-from service.core.config import Settings
-from service.core.errors import InvalidInput
-from service.media import from_base64
-from service.search import Query, search
+from service.state.config import Settings
+from service.state.errors import InvalidInput
+from service.usecases.media import from_base64
+from service.usecases.search import Query, search
 
 router = APIRouter(prefix=API_V1, tags=["search"])
 BODY = {"requestBody": {"required": True, "content": {
@@ -31,7 +31,7 @@ async def search_gallery(gallery: str, request: Request, gateway: GatewayDep,
     else:
         query = _from_json(SearchRequest.model_validate_json(await request.body()),
                            gateway.settings)
-    answer = await search(gateway.runtime, gateway.searches, gateway.settings, gallery, query)
+    answer = await search(gateway, gallery, query)
     return SearchResponse.of(answer)
 
 

@@ -7,15 +7,13 @@ follow search's read-key rule, since they show what the gallery holds.
 
 from __future__ import annotations
 
-import asyncio
-
 from fastapi import APIRouter, Response
 
 from service import web
 from service.api import API_V1
 from service.api.deps import GatewayDep, ReaderDep
-from service.core.errors import NotFound
-from service.thumbnails import ThumbnailStore
+from service.state.errors import NotFound
+from service.usecases.items import read_thumbnail
 
 router = APIRouter()
 # Assets change with the gateway version: revalidate rather than cache blindly.
@@ -41,9 +39,7 @@ async def asset(name: str) -> Response:
             responses={200: {"content": {"image/png": {}}, "description": "PNG thumbnail"}})
 async def thumbnail(gallery: str, item_id: str, gateway: GatewayDep, _: ReaderDep) -> Response:
     """A small PNG of an image item (made at ingest); 404 when the item has none."""
-    png = await asyncio.to_thread(ThumbnailStore.of(gateway.settings).read, gallery, item_id)
-    if png is None:
-        raise NotFound(f"no thumbnail for item {item_id!r} in gallery {gallery!r}")
+    png = await read_thumbnail(gateway, gallery, item_id)
     # Short: re-ingesting an item under the same id replaces its picture.
     return Response(png, media_type="image/png",
                     headers={"Cache-Control": "private, max-age=60"})

@@ -5,8 +5,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, Json, StringConstraints
 
 from service.api.schemas import inline_schema
-from service.registry import Event, GalleryRecord
 from service.runtime.serving import Serving
+from service.state.registry import Event, GalleryRecord
 
 GalleryName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")]
 Name = Annotated[str, StringConstraints(min_length=1, max_length=128)]

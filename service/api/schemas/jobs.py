@@ -1,4 +1,4 @@
-"""Request and response bodies of /v1/jobs (the stored record is service.jobs.Job)."""
+"""Request and response bodies of /v1/jobs (the stored record is service.state.jobs.Job)."""
 
 from __future__ import annotations
 
@@ -6,16 +6,18 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.jobs import Job
+from service.state.jobs import JOB_KINDS, Job
+
+JobKind = Literal[tuple(JOB_KINDS)]  # type: ignore[valid-type]  # the one table of kinds
 
 
 class JobIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["continual", "xbt", "evaluate", "ingest"]
+    kind: JobKind  # type: ignore[valid-type]
     gallery: str = Field(min_length=1, max_length=63,
                          description="the gallery the job serves: its active version is the "
-                                     "base / old model, its validation set feeds the gate")
+                                     "parent / old model, its validation set feeds the gate")
     params: dict[str, Any] = Field(
         default_factory=dict,
         description="continual: method, data, domain|language, steps, batch_size, config; "

@@ -4,7 +4,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from service.registry import VersionRecord
+from service.state.registry import VersionRecord
 
 Reason = Annotated[str, StringConstraints(max_length=2000)]
 GalleryName = Annotated[str, StringConstraints(min_length=1, max_length=128)]

@@ -14,7 +14,7 @@ from pydantic import (
 )
 
 from service.api.schemas import inline_schema
-from service.search import Answer
+from service.usecases.search import Answer
 
 Kind = Literal["image", "text"]
 FilterKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")]

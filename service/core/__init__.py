@@ -1,1 +1,0 @@
-"""Process settings, typed errors and metrics shared by the gateway's parts."""

@@ -1,0 +1,200 @@
+"""Gallery storage in Qdrant. A gallery is an alias (its name) onto a collection with two
+named vectors, ``image`` and ``text``; an item is one point holding the vectors it has.
+Every point's payload records the item id, the version that embedded it and the space.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import uuid
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from qdrant_client import QdrantClient, models
+from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
+
+from service.state.errors import Conflict, Unavailable
+from service.state.gallery.ids import point_id
+
+KINDS = ("image", "text")
+Scalar = str | int | bool
+Where = Mapping[str, Scalar | Sequence[Scalar]]
+
+
+@dataclass(frozen=True)
+class Item:
+    """A gallery item ready to store: caller id, one vector per kind it has, caller payload."""
+
+    id: str
+    vectors: Mapping[str, np.ndarray]  # kind -> [D], L2-normalised
+    payload: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Search:
+    """One nearest-neighbour query: ``top_k`` items of ``kind`` that match ``where``."""
+
+    vector: np.ndarray  # [D], L2-normalised
+    kind: str
+    top_k: int
+    where: Where | None = None
+
+
+@dataclass(frozen=True)
+class Hit:
+    id: str
+    score: float
+    payload: dict[str, Any]
+    version: str  # the version that embedded this item
+    space: str
+
+
+class GalleryStore:
+    def __init__(self, client: QdrantClient, serialise: bool) -> None:
+        self.client = client
+        # Local mode mutates plain numpy arrays without locks: one call at a time.
+        self._lock: threading.Lock | None = threading.Lock() if serialise else None
+
+    @contextmanager
+    def _call(self, gallery: str | None = None) -> Iterator[None]:
+        """Serialise local calls and turn backend failures into typed errors."""
+        lock: AbstractContextManager[Any] = self._lock or nullcontext()
+        try:
+            with lock:
+                yield
+        except (ResponseHandlingException, ConnectionError) as exc:
+            raise Unavailable(f"Qdrant is unreachable: {exc}") from exc
+        except (UnexpectedResponse, ValueError) as exc:
+            if gallery and _missing_collection(str(exc)):
+                raise Unavailable(f"gallery '{gallery}' has no collection in Qdrant") from exc
+            raise
+
+    def ping(self) -> None:
+        with self._call():
+            self.client.get_collections()
+
+    def create(self, gallery: str, dim: int) -> None:
+        """Create the gallery's collection and alias; a no-op when it exists with ``dim``."""
+        existing = self.dim(gallery)
+        if existing is not None:
+            if existing != dim:
+                raise Conflict(f"gallery '{gallery}' already has {existing}-d vectors, not {dim}")
+            return
+        collection = f"{gallery}-{uuid.uuid4().hex[:8]}"
+        # Vectors are L2-normalised, so dot product is the cosine (without per-query renorm).
+        params = models.VectorParams(size=dim, distance=models.Distance.DOT)
+        alias = models.CreateAliasOperation(
+            create_alias=models.CreateAlias(collection_name=collection, alias_name=gallery))
+        with self._call():
+            self.client.create_collection(collection, vectors_config=dict.fromkeys(KINDS, params))
+            self.client.update_collection_aliases(change_aliases_operations=[alias])
+
+    def dim(self, gallery: str) -> int | None:
+        """The vector width of the gallery's collection, or None if it has none."""
+        with self._call():
+            aliases = {a.alias_name: a.collection_name for a in self.client.get_aliases().aliases}
+            if gallery not in aliases:
+                return None
+            vectors = self.client.get_collection(aliases[gallery]).config.params.vectors
+        return int(vectors["image"].size)  # type: ignore[index]
+
+    def upsert(self, gallery: str, items: Sequence[Item], version: str, space: str) -> None:
+        points = [_point(item, version, space) for item in items]
+        with self._call(gallery):
+            self.client.upsert(gallery, points=points, wait=True)
+
+    def delete(self, gallery: str, ids: Sequence[str]) -> None:
+        selector = models.PointIdsList(points=[point_id(i) for i in ids])
+        with self._call(gallery):
+            self.client.delete(gallery, points_selector=selector, wait=True)
+
+    def count(self, gallery: str) -> int:
+        with self._call(gallery):
+            return int(self.client.count(gallery, exact=True).count)
+
+    def search(self, gallery: str, vector: np.ndarray, kind: str, top_k: int,
+               where: Where | None = None) -> list[Hit]:
+        """The ``top_k`` items of ``kind`` closest to ``vector`` [D] that match ``where``."""
+        return self.search_many(gallery, [Search(vector, kind, top_k, where)])[0]
+
+    def search_many(self, gallery: str, searches: Sequence[Search]) -> list[list[Hit]]:
+        """Several searches of one gallery in one Qdrant call (one request to a server)."""
+        requests = [models.QueryRequest(query=s.vector.tolist(), using=s.kind, limit=s.top_k,
+                                        with_payload=True, filter=payload_filter(s.where))
+                    for s in searches]
+        with self._call(gallery):
+            responses = self.client.query_batch_points(gallery, requests=requests)
+        return [[_hit(p) for p in response.points] for response in responses]
+
+    def fingerprint(self, gallery: str, ids: Collection[str] | None = None,
+                    page: int = 1000) -> dict[str, dict[str, Any]]:
+        """Per embedding version: how many items it embedded and a SHA-256 over their ids
+        and vectors (float32 bytes, in id order); ``ids`` restricts it to those items.
+        Equal fingerprints at two times mean no stored vector changed in between (e.g. no
+        backfill ran)."""
+        rows: dict[str, list[tuple[str, bytes]]] = {}
+        offset = None
+        while True:
+            with self._call(gallery):
+                points, offset = self.client.scroll(gallery, limit=page, offset=offset,
+                                                    with_payload=True, with_vectors=True)
+            for point in points:
+                payload, vectors = point.payload or {}, point.vector or {}
+                if ids is not None and str(payload.get("item_id")) not in ids:
+                    continue
+                blob = b"".join(np.asarray(vectors[k], dtype=np.float32).tobytes()  # type: ignore[index]
+                                for k in sorted(vectors))  # type: ignore[arg-type]
+                rows.setdefault(str(payload.get("version")), []).append(
+                    (str(payload.get("item_id")), blob))
+            if offset is None:
+                break
+        out = {}
+        for version, items in sorted(rows.items()):
+            digest = hashlib.sha256()
+            for item_id, blob in sorted(items):
+                digest.update(item_id.encode() + b"\0" + blob)
+            out[version] = {"items": len(items), "sha256": digest.hexdigest()}
+        return out
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _missing_collection(message: str) -> bool:
+    """Local mode says "Collection x not found", a server "Not found: Collection `x`
+    doesn't exist!"; a missing named vector ("Dense vector v is not found in the
+    collection") is a different error."""
+    text = message.lower()
+    return ("collection" in text and ("not found" in text or "doesn't exist" in text)
+            and "vector" not in text)
+
+
+def payload_filter(where: Where | None) -> models.Filter | None:
+    """Every condition must hold; a list value matches any of its elements."""
+    if not where:
+        return None
+    conditions: list[models.Condition] = []
+    for key, value in where.items():
+        match: models.Match = (models.MatchAny(any=list(value))
+                               if isinstance(value, (list, tuple))
+                               else models.MatchValue(value=value))
+        conditions.append(models.FieldCondition(key=f"payload.{key}", match=match))
+    return models.Filter(must=conditions)
+
+
+def _point(item: Item, version: str, space: str) -> models.PointStruct:
+    payload = {"item_id": item.id, "version": version, "space": space,
+               "kinds": sorted(item.vectors), "payload": dict(item.payload or {})}
+    vectors = {kind: v.astype(np.float32).tolist() for kind, v in item.vectors.items()}
+    return models.PointStruct(id=point_id(item.id), vector=vectors, payload=payload)
+
+
+def _hit(point: models.ScoredPoint) -> Hit:
+    payload = point.payload or {}
+    return Hit(id=str(payload.get("item_id")), score=float(point.score),
+               payload=dict(payload.get("payload") or {}),
+               version=str(payload.get("version")), space=str(payload.get("space")))

@@ -1,0 +1,255 @@
+"""The registry: registered model versions and, per gallery, its space, active version and
+the history of promotions and rollbacks. Every change is one locked, atomic index update.
+
+Promotion is gated: the version's stored gate report must pass, and the version must
+have a route into the gallery's space, unless ``force`` is given with a reason (both
+recorded). Rollback re-activates any version that was active for that gallery before.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from service.state.errors import (
+    AlreadyExists,
+    Conflict,
+    GalleryNotFound,
+    GateFailed,
+    InvalidInput,
+    RegistryError,
+    SpaceMismatch,
+    VersionNotFound,
+)
+from service.state.registry import staging
+from service.state.registry.index import IndexFile, utc_now
+from service.state.registry.records import Event, GalleryRecord, VersionRecord
+from training.artifacts import MANIFEST, Artifact
+
+GALLERY_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+VERSIONS = "versions"
+
+
+class Registry:
+    def __init__(self, root: str | Path, lock_timeout_s: float = 60.0) -> None:
+        self.root = Path(root)
+        self.index = IndexFile(self.root, lock_timeout_s)
+
+    # ------------------------------------------------------------ reading
+    def revision(self) -> int:
+        return int(self.index.read().get("revision", 0))
+
+    def state(self) -> tuple[int, dict[str, VersionRecord], dict[str, GalleryRecord]]:
+        """(revision, versions, galleries) from one consistent read of the index."""
+        index = self.index.read()
+        return int(index.get("revision", 0)), _versions(index), _galleries(index)
+
+    def versions(self) -> list[VersionRecord]:
+        return sorted(_versions(self.index.read()).values(), key=lambda v: v.registered_at)
+
+    def version(self, version_id: str) -> VersionRecord:
+        return _version(self.index.read(), version_id)
+
+    def artifact_dir(self, version_id: str) -> Path:
+        return self.root / self.version(version_id).path
+
+    def artifact(self, version_id: str) -> Artifact:
+        """The version's artifact, every checksum verified."""
+        return staging.verified(self.artifact_dir(version_id))
+
+    def manifest(self, version_id: str) -> dict[str, Any]:
+        """The version's manifest as stored (checksums are verified when it is loaded)."""
+        path = self.artifact_dir(version_id) / MANIFEST
+        try:
+            return json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise RegistryError(f"manifest of version '{version_id}' is unreadable: {exc}") from exc
+
+    def galleries(self) -> list[GalleryRecord]:
+        return sorted(_galleries(self.index.read()).values(), key=lambda g: g.name)
+
+    def gallery(self, name: str) -> GalleryRecord:
+        return _gallery(self.index.read(), name)
+
+    def default_version(self, space: str) -> VersionRecord:
+        """The newest registered version native to ``space``."""
+        return _newest_native(self.index.read(), space)
+
+    @staticmethod
+    def check_gallery_name(name: str) -> None:
+        if not GALLERY_NAME.match(name):
+            raise InvalidInput(f"gallery name {name!r} must match {GALLERY_NAME.pattern}")
+
+    # ------------------------------------------------------------ versions
+    def register(self, source: str | Path, *, by: str, move: bool = False,
+                 gate: dict[str, Any] | None = None) -> VersionRecord:
+        """Verify the artifact at ``source``, copy (or move) it in, and index it.
+
+        Registering the same artifact twice returns the existing record; a different
+        artifact under an id that is taken is refused.
+        """
+        artifact = staging.verified(Path(source))
+        _check_gate_report(gate)
+        existing = _versions(self.index.read()).get(artifact.version_id)
+        if existing is not None:
+            return self._same_or_conflict(existing, artifact)
+        record = VersionRecord(
+            version_id=artifact.version_id, space=artifact.space,
+            routes=tuple(sorted(artifact.routes)), path=f"{VERSIONS}/{artifact.version_id}",
+            registered_at=utc_now(), registered_by=by,
+            gate=gate if gate is not None else artifact.manifest.get("gate"))
+        staged = staging.stage(Path(source), self.root / VERSIONS, move)
+        final = self.root / record.path
+        try:
+            self.index.update(lambda index: self._add_version(index, record, staged),
+                              undo=lambda: os.rename(final, staged))  # unpublish
+        except BaseException:
+            staging.give_back(staged, Path(source))  # a moved artifact goes back on failure
+            raise
+        finally:
+            shutil.rmtree(staged, ignore_errors=True)  # gone already when published
+        if move and Path(source).exists():
+            shutil.rmtree(source)  # a cross-filesystem move copied; drop the original now
+        return record
+
+    def _same_or_conflict(self, existing: VersionRecord, artifact: Artifact) -> VersionRecord:
+        if staging.same_files(self.artifact(existing.version_id), artifact):
+            return existing
+        raise AlreadyExists(f"version '{artifact.version_id}' is already registered with "
+                            f"different files; give the new artifact another version id")
+
+    def _add_version(self, index: dict[str, Any], record: VersionRecord, staged: Path) -> None:
+        if record.version_id in index["versions"]:
+            raise AlreadyExists(f"version '{record.version_id}' was registered concurrently")
+        staging.publish(staged, self.root / record.path)
+        index["versions"][record.version_id] = record.to_json()
+
+    # ------------------------------------------------------------ galleries
+    def create_gallery(self, name: str, space: str, *, by: str, version: str | None = None,
+                       validation: str | None = None) -> GalleryRecord:
+        """A new gallery in ``space``, served by ``version`` (default: the newest version
+        native to that space). The first version is not gated: there is nothing to be
+        compatible with yet."""
+        self.check_gallery_name(name)
+
+        def change(index: dict[str, Any]) -> GalleryRecord:
+            if name in index["galleries"]:
+                raise AlreadyExists(f"gallery '{name}' already exists")
+            chosen = _version(index, version) if version else _newest_native(index, space)
+            if space not in chosen.routes:
+                raise SpaceMismatch(_no_route(chosen, space))
+            event = Event("create", chosen.version_id, None, by, utc_now())
+            record = GalleryRecord(name, space, chosen.version_id, event.at, (event,),
+                                   validation)
+            index["galleries"][name] = record.to_json()
+            return record
+        return self.index.update(change)
+
+    def set_gate(self, version_id: str, report: dict[str, Any]) -> VersionRecord:
+        """Store a (new) gate report of a registered version: in the index, and in the
+        manifest of its artifact (rewritten atomically; the manifest is not checksummed)."""
+        _check_gate_report(report)
+
+        def change(index: dict[str, Any]) -> VersionRecord:
+            record = replace(_version(index, version_id), gate=report)
+            staging.write_manifest_field(self.root / record.path, "gate", report)
+            index["versions"][version_id] = record.to_json()
+            return record
+        return self.index.update(change)
+
+    def promote(self, gallery: str, version: str, *, by: str, force: bool = False,
+                reason: str | None = None) -> GalleryRecord:
+        reason = (reason or "").strip() or None
+        if force and reason is None:
+            raise InvalidInput("a forced promotion needs a reason (it is recorded)")
+
+        def change(index: dict[str, Any]) -> GalleryRecord:
+            record, candidate = _gallery(index, gallery), _version(index, version)
+            if record.active == version:
+                return record  # idempotent: promoting the active version changes nothing
+            overrides = _failed_checks(record, candidate)
+            if overrides and not force:
+                raise _refusal(overrides[0], record, candidate)
+            event = Event("promote", version, record.active, by, utc_now(), reason, force,
+                          tuple(overrides))
+            return _save(index, record.with_event(event))
+        return self.index.update(change)
+
+    def rollback(self, gallery: str, version: str, *, by: str,
+                 reason: str | None = None) -> GalleryRecord:
+        def change(index: dict[str, Any]) -> GalleryRecord:
+            record = _gallery(index, gallery)
+            _version(index, version)
+            if record.active == version:
+                return record
+            if version not in record.earlier_versions():
+                raise Conflict(f"version '{version}' was never active for gallery '{gallery}'; "
+                               f"earlier versions: {record.earlier_versions()}")
+            event = Event("rollback", version, record.active, by, utc_now(),
+                          (reason or "").strip() or None)
+            return _save(index, record.with_event(event))
+        return self.index.update(change)
+
+
+# ---------------------------------------------------------------- index helpers
+def _versions(index: dict[str, Any]) -> dict[str, VersionRecord]:
+    return {k: VersionRecord.from_json(v) for k, v in index.get("versions", {}).items()}
+
+
+def _galleries(index: dict[str, Any]) -> dict[str, GalleryRecord]:
+    return {k: GalleryRecord.from_json(v) for k, v in index.get("galleries", {}).items()}
+
+
+def _version(index: dict[str, Any], version_id: str) -> VersionRecord:
+    data = index.get("versions", {}).get(version_id)
+    if data is None:
+        raise VersionNotFound(f"model version '{version_id}' is not registered")
+    return VersionRecord.from_json(data)
+
+
+def _gallery(index: dict[str, Any], name: str) -> GalleryRecord:
+    data = index.get("galleries", {}).get(name)
+    if data is None:
+        raise GalleryNotFound(f"gallery '{name}' does not exist")
+    return GalleryRecord.from_json(data)
+
+
+def _save(index: dict[str, Any], record: GalleryRecord) -> GalleryRecord:
+    index["galleries"][record.name] = record.to_json()
+    return record
+
+
+def _newest_native(index: dict[str, Any], space: str) -> VersionRecord:
+    native = [v for v in _versions(index).values() if v.space == space]
+    if not native:
+        raise Conflict(f"no registered version embeds natively into space '{space}'; "
+                       f"register one or name the version that serves the gallery")
+    return max(native, key=lambda v: v.registered_at)
+
+
+def _failed_checks(gallery: GalleryRecord, candidate: VersionRecord) -> list[str]:
+    failed = [] if candidate.gate_passed else ["gate"]
+    return failed + ([] if gallery.space in candidate.routes else ["space"])
+
+
+def _refusal(check: str, gallery: GalleryRecord, candidate: VersionRecord) -> Exception:
+    if check == "space":
+        return SpaceMismatch(_no_route(candidate, gallery.space))
+    what = "no gate report" if candidate.gate is None else "a gate report that did not pass"
+    return GateFailed(f"version '{candidate.version_id}' has {what}; promote it with "
+                      f"force=true and a reason to override")
+
+
+def _no_route(version: VersionRecord, space: str) -> str:
+    return (f"version '{version.version_id}' (space '{version.space}') has no route into "
+            f"space '{space}'; its routes: {list(version.routes)}")
+
+
+def _check_gate_report(gate: dict[str, Any] | None) -> None:
+    if gate is not None and not isinstance(gate.get("passed"), bool):
+        raise InvalidInput("a gate report needs a boolean 'passed' field")

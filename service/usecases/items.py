@@ -1,0 +1,103 @@
+"""Add and delete a gallery's items.
+
+Adding: validate every item first (a bad one rejects the whole batch, nothing is
+written), embed with the serving version's route into the gallery's space on the
+device lane, and write through the shared pipeline (``service.state.gallery.ingest``):
+upsert by caller id (sending the same batch twice changes nothing), thumbnails beside.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from PIL import Image
+
+from service.runtime.gateway import Gateway
+from service.state.config import Settings
+from service.state.errors import InvalidInput, NotFound, ServiceError
+from service.state.gallery.ingest import GalleryWriter, Source, embed, payload
+from service.state.thumbnails import ThumbnailStore
+from service.usecases.media import decode_image
+
+
+@dataclass(frozen=True)
+class NewItem:
+    id: str
+    text: str | None = None
+    image: bytes | None = None
+    payload: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Ingested:
+    gallery: str
+    version: str
+    space: str
+    count: int
+
+
+async def add_items(gateway: Gateway, gallery: str, items: Sequence[NewItem]) -> Ingested:
+    check_items(items, gateway.settings.ingest_max_items)
+    embedder = gateway.runtime.serving(gallery).ready()
+    sources = await asyncio.to_thread(_sources, items, gateway.settings)
+    vectors = await asyncio.get_running_loop().run_in_executor(embedder.lane, embed, embedder,
+                                                               sources)
+    writer = GalleryWriter(gateway.store, ThumbnailStore.of(gateway.settings), gallery,
+                           embedder.version, embedder.space)
+    count = await asyncio.to_thread(writer.write, sources, vectors)
+    return Ingested(gallery, embedder.version, embedder.space, count)
+
+
+async def delete_items(gateway: Gateway, gallery: str, ids: list[str]) -> int:
+    """Delete by id (an unknown id is not an error); their thumbnails go too."""
+    known_gallery(gateway, gallery)
+    await asyncio.to_thread(gateway.store.delete, gallery, ids)
+    await asyncio.to_thread(ThumbnailStore.of(gateway.settings).delete, gallery, ids)
+    return len(ids)
+
+
+def known_gallery(gateway: Gateway, gallery: str) -> None:
+    gateway.runtime.serving(gallery)  # 404 for a gallery this replica does not know
+
+
+def check_items(items: Sequence[NewItem], max_items: int) -> None:
+    if not items:
+        raise InvalidInput("no items to add")
+    if len(items) > max_items:
+        raise InvalidInput(f"{len(items)} items in one request; the limit is {max_items}")
+    seen: set[str] = set()
+    for n, item in enumerate(items):
+        if item.id in seen:
+            raise InvalidInput(f"item {n}: id {item.id!r} appears twice in this batch")
+        seen.add(item.id)
+        if item.text is None and item.image is None:
+            raise InvalidInput(f"item {n} ({item.id!r}) has neither a text nor an image")
+        if item.text is not None and not item.text.strip():
+            raise InvalidInput(f"item {n} ({item.id!r}) has an empty text")
+
+
+def _sources(items: Sequence[NewItem], settings: Settings) -> list[Source]:
+    """Decode every image (the error names the item that failed) into the pipeline's
+    sources; the caller's payload is stored as given (``payload``)."""
+    return [Source(item.id, item.text, _image(n, item, settings), payload(item.payload))
+            for n, item in enumerate(items)]
+
+
+def _image(n: int, item: NewItem, settings: Settings) -> Image.Image | None:
+    if item.image is None:
+        return None
+    try:
+        return decode_image(item.image, settings.max_image_pixels, settings.max_image_bytes)
+    except ServiceError as exc:
+        raise type(exc)(f"item {n} ({item.id!r}): {exc.message}") from exc
+
+
+async def read_thumbnail(gateway: Gateway, gallery: str, item_id: str) -> bytes:
+    """The PNG thumbnail made at ingest; NotFound when the item has none."""
+    png = await asyncio.to_thread(ThumbnailStore.of(gateway.settings).read, gallery, item_id)
+    if png is None:
+        raise NotFound(f"no thumbnail for item {item_id!r} in gallery {gallery!r}")
+    return png

@@ -1,0 +1,58 @@
+"""Jobs: submit (check, record, queue; if the broker refuses, undo the record), list, read,
+cancel. Reads fail running jobs whose worker went silent first (a killed worker)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from service.runtime.gateway import Gateway
+from service.state.errors import InvalidInput, Unavailable
+from service.state.jobs.specs import check_job
+from service.state.jobs.store import Job
+
+
+async def submit_job(gateway: Gateway, kind: str, gallery: str, params: dict[str, Any],
+                     auto_promote: bool, by: str) -> Job:
+    """A queued job, or InvalidInput (bad parameters, nothing created) or Unavailable (the
+    broker is down: the record is removed again, so nothing is half-created)."""
+    registry, jobs, queue, settings = gateway.registry, gateway.jobs, gateway.queue, \
+        gateway.settings
+    parsed = await asyncio.to_thread(check_job, kind, gallery, params, registry)
+    if kind == "ingest" and settings.qdrant_url is None:
+        raise InvalidInput("ingest jobs write to Qdrant from a worker, which needs a Qdrant "
+                           "server (NOBACKFILL_QDRANT_URL): the embedded Qdrant is open in "
+                           "this gateway only; add items with POST /v1/galleries/{gallery}/"
+                           "items instead")
+    job = await asyncio.to_thread(jobs.create, kind, gallery, parsed.model_dump(by_alias=True),
+                                  by=by, auto_promote=auto_promote)
+    try:
+        await asyncio.wait_for(asyncio.to_thread(queue.send, job.id),
+                               timeout=settings.broker_timeout_s * 2)
+    except (Unavailable, asyncio.TimeoutError) as exc:
+        await asyncio.to_thread(jobs.delete, job.id)
+        if isinstance(exc, Unavailable):
+            raise
+        raise Unavailable(f"the job queue did not answer within "
+                          f"{settings.broker_timeout_s * 2:.0f}s; the job was not created") from exc
+    return job
+
+
+async def list_jobs(gateway: Gateway) -> list[Job]:
+    """Every job, newest first."""
+    await _reap(gateway)
+    return list(await asyncio.to_thread(gateway.jobs.list))
+
+
+async def get_job(gateway: Gateway, job_id: str) -> Job:
+    await _reap(gateway)
+    return await asyncio.to_thread(gateway.jobs.get, job_id)
+
+
+async def cancel_job(gateway: Gateway, job_id: str) -> Job:
+    """A queued job is cancelled at once; a running one stops within a few steps."""
+    return await asyncio.to_thread(gateway.jobs.cancel, job_id)
+
+
+async def _reap(gateway: Gateway) -> None:
+    await asyncio.to_thread(gateway.jobs.reap, gateway.settings.job_stale_after_s)

@@ -1,0 +1,80 @@
+"""What a job's runner works with: the job, the process settings, the job store, and the
+heartbeat thread that publishes progress and carries cancellation back to the loop."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import asdict, dataclass
+from types import TracebackType
+from typing import Any
+
+from service.state.config import Settings
+from service.state.jobs.store import Job, JobStore
+
+log = logging.getLogger(__name__)
+
+
+class Cancelled(Exception):
+    """Raised inside the training loop when the job's cancel flag is seen."""
+
+
+class Heartbeat:
+    """A thread that writes the latest progress and a heartbeat every ``interval_s`` and
+    reads the cancel flag back. The training loop only touches memory (cheap per step)."""
+
+    def __init__(self, store: JobStore, job_id: str, interval_s: float) -> None:
+        self.store, self.job_id, self.interval_s = store, job_id, interval_s
+        self.progress: dict[str, Any] | None = None
+        self.cancelled = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"heartbeat-{job_id}",
+                                        daemon=True)
+
+    def __enter__(self) -> Heartbeat:  # noqa: PYI034 (Self needs 3.11)
+        self._thread.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.beat()
+
+    def beat(self) -> None:
+        try:
+            job = self.store.beat(self.job_id, self.progress)
+        except Exception:  # a missed beat is retried next interval; never kill the job
+            log.exception("heartbeat of %s failed", self.job_id)
+            return
+        if job.cancel_requested or job.status != "running":
+            self.cancelled.set()  # asked to stop, or reaped: stop training either way
+
+    def report(self, progress: Any) -> None:
+        """The trainer's ``on_progress``: remember the step, stop when asked to."""
+        self.progress = {k: v for k, v in asdict(progress).items()}
+        self.check()
+
+    def check(self) -> None:
+        if self.cancelled.is_set():
+            raise Cancelled(f"job {self.job_id} was cancelled")
+
+
+@dataclass
+class JobContext:
+    """What a kind's runner gets: the job, the process settings, the store, the heartbeat."""
+
+    job: Job
+    settings: Settings
+    store: JobStore
+    heartbeat: Heartbeat
+
+    @property
+    def out(self) -> Any:
+        """Where the candidate artifact is written (removed when the job ends)."""
+        work = self.store.work_dir(self.job.id)
+        work.mkdir(parents=True, exist_ok=True)
+        return work / "candidate"

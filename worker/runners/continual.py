@@ -1,0 +1,29 @@
+"""A continual phase (any registered strategy) from the gallery's active version (or
+``parent``), gated and registered as a candidate."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from service.state.jobs.specs import ContinualParams
+from service.state.registry import Registry
+from worker.admission import admit
+from worker.context import JobContext
+
+
+def run_continual(ctx: JobContext) -> dict[str, Any]:
+    from training.continual import get_strategy
+    from training.continual.phase import run_phase
+    from training.continual.strategy import PhaseOptions
+    from training.data import open_dataset
+
+    p = ContinualParams.model_validate(ctx.job.params)
+    registry = Registry(ctx.settings.registry_dir)
+    parent = registry.artifact(p.parent or registry.gallery(ctx.job.gallery).active)
+    options = PhaseOptions(steps=p.steps, batch_size=p.batch_size, seed=p.seed, domain=p.domain,
+                           language=p.language, version_id=p.version_id,
+                           device=ctx.settings.device, show_progress=False)
+    candidate = run_phase(parent, p.method, open_dataset(p.data), ctx.out,
+                          get_strategy(p.method).Config.from_dict(p.config), options,
+                          on_progress=ctx.heartbeat.report)
+    return admit(ctx, candidate, new_domain=p.domain, new_language=p.language)
