@@ -1,16 +1,24 @@
 """nobackfill gateway: search, ingest, registry, galleries and hot swap (FastAPI).
 
-Imports ``training``; never imports ``worker`` internals.
+Imports ``training``; never imports ``worker`` (jobs are enqueued by task name). The
+folders are its layers, each importing only the ones below it:
 
-Layout (``python -m service`` or ``uvicorn service.api.app:app``; settings ``NOBACKFILL_*``):
+- ``api/``       HTTP: the app (``api/app.py``), routes per resource, request/response
+                 schemas, ``Annotated`` deps, error mapping, middleware. Every route calls
+                 one use case and nothing else.
+- ``usecases/``  what the routes do, one module per operation family: ``search``,
+                 ``items``, ``galleries``, ``models``, ``jobs``, ``health``
+- ``runtime/``   serving: the process's ``Gateway``, loaded versions (embedders), dynamic
+                 batching of forwards and searches, the hot-swap snapshot, the registry
+                 watcher, metrics
+- ``state/``     the shared state layer, the only part a worker imports: settings, typed
+                 errors, registry, gallery store and the one ingest pipeline, job records
+                 and kinds, thumbnails
+- ``stack/``     the whole service on one machine: ``launch`` (``make serve``),
+                 ``bootstrap`` (first start), ``demo`` (``nobackfill demo``)
+- ``bench/``     ``nobackfill bench serve``
+- ``web/``       the single page
 
-- ``core/``      settings (one pydantic-settings class), typed errors, Prometheus metrics
-- ``registry/``  model versions, the atomic locked index, per-gallery active version and
-                 history (no FastAPI: the worker records results through it too)
-- ``gallery/``   Qdrant access: one collection per gallery behind an alias
-- ``runtime/``   loaded versions (embedders), dynamic batching, the hot-swap snapshot,
-                 the registry watcher
-- ``search.py``, ``ingest.py``, ``galleries.py``, ``media.py``: what the routes do
-- ``api/``       routes per resource, schemas, ``Annotated`` deps, error mapping, middleware
-- ``bench/``     ``nobackfill bench serve`` (registered with the CLI by module path)
+``python -m service`` runs the gateway alone; both CLI commands above are plugged into
+``nobackfill`` through entry points (``pyproject.toml``).
 """

@@ -245,7 +245,7 @@ def test_unreachable_broker_is_503_and_creates_nothing(micro_versions, world, tm
              "pairs": "WORLD"}, "exactly one"),
     ("xbt", {"new": {"version": "v3"}, "corpus": "/no/corpus.txt", "pairs": "WORLD"}, "corpus"),
     ("xbt", {"new": {"version": "v3"}, "corpus": "synth:10", "pairs": "WORLD",
-             "config": {"stepz": 1}}, "unknown field"),
+             "config": {"stepz": 1}}, "no field(s) ['stepz']"),
     ("evaluate", {"version": "v404"}, "'v404' is not registered"),
     ("ingest", {"manifest": "WORLD"}, "Qdrant server"),
 ])

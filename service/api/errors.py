@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
-from service.core import errors as e
+from service.state import errors as e
 from service.state.errors import ServiceError
 from training.errors import NobackfillError
 

@@ -16,9 +16,8 @@ async def submit_job(gateway: Gateway, kind: str, gallery: str, params: dict[str
                      auto_promote: bool, by: str) -> Job:
     """A queued job, or InvalidInput (bad parameters, nothing created) or Unavailable (the
     broker is down: the record is removed again, so nothing is half-created)."""
-    registry, jobs, queue, settings = gateway.registry, gateway.jobs, gateway.queue, \
-        gateway.settings
-    parsed = await asyncio.to_thread(check_job, kind, gallery, params, registry)
+    settings, jobs = gateway.settings, gateway.jobs
+    parsed = await asyncio.to_thread(check_job, kind, gallery, params, gateway.registry)
     if kind == "ingest" and settings.qdrant_url is None:
         raise InvalidInput("ingest jobs write to Qdrant from a worker, which needs a Qdrant "
                            "server (NOBACKFILL_QDRANT_URL): the embedded Qdrant is open in "
@@ -27,7 +26,7 @@ async def submit_job(gateway: Gateway, kind: str, gallery: str, params: dict[str
     job = await asyncio.to_thread(jobs.create, kind, gallery, parsed.model_dump(by_alias=True),
                                   by=by, auto_promote=auto_promote)
     try:
-        await asyncio.wait_for(asyncio.to_thread(queue.send, job.id),
+        await asyncio.wait_for(asyncio.to_thread(gateway.queue.send, job.id),
                                timeout=settings.broker_timeout_s * 2)
     except (Unavailable, asyncio.TimeoutError) as exc:
         await asyncio.to_thread(jobs.delete, job.id)
