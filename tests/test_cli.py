@@ -12,7 +12,10 @@ import pytest
 
 from training.cli import build_parser, main
 
-COMMANDS = [["synth"], ["train-base"], ["eval"], ["info"], ["bench"], ["bench", "base"]]
+COMMANDS = [["synth"], ["train-base"], ["eval"], ["info"], ["bench"], ["bench", "base"],
+            ["upgrade"], ["upgrade", "xbt"], ["upgrade", "direct"], ["continual"]]
+UPGRADE = ["--old", "old", "--new", "new", "--corpus", "synth:10", "--pairs", "pairs",
+           "--out", "out"]
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -55,3 +58,48 @@ def test_errors_are_reported_not_raised(tmp_path: Path, capsys: pytest.CaptureFi
     assert "manifest.json is missing" in capsys.readouterr().err
     assert main(["synth", "--out", str(tmp_path / "d"), "--n", "5", "--domains", "nope"]) == 2
     assert "nope" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("method", ["xbt", "direct"])
+def test_upgrade_help_lists_the_method_settings(method: str,
+                                                capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["upgrade", method, "--help"])
+    out = capsys.readouterr().out
+    assert "settings (--set KEY=VALUE), with their defaults:" in out
+    assert "  pretrain_steps = 1000\n      stage 1 optimizer steps" in out
+    assert "  anchor = false" in out and "  method =" not in out  # the subcommand is the method
+    assert "--no-prompts" not in out and "--pretrain-steps" not in out
+
+
+def test_upgrade_settings_are_parsed_by_the_method_config() -> None:
+    from training.xbt import get_upgrade
+
+    args = build_parser().parse_args(["upgrade", "xbt", *UPGRADE, "--set", "anchor=true",
+                                      "--set", "pretrain-steps=5", "--set", "lr=3e-4"])
+    cfg = get_upgrade(args.upgrade).configure(dict(args.settings))
+    assert (cfg.method, cfg.anchor, cfg.pretrain_steps, cfg.lr) == ("xbt", True, 5, 3e-4)
+    args = build_parser().parse_args(["upgrade", "direct", *UPGRADE, "--set", "steps=3"])
+    cfg = get_upgrade(args.upgrade).configure(dict(args.settings))
+    assert (cfg.method, cfg.steps) == ("direct", 3)
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("bogus=1", "has no field(s) ['bogus']"),
+    ("steps=many", "steps expects an integer, got 'many'"),
+    ("anchor=maybe", "anchor expects true or false, got 'maybe'"),
+    ("method=direct", "'method' is not a setting"),
+])
+def test_bad_upgrade_settings_fail_with_exit_code_2(setting: str, message: str,
+                                                    capsys: pytest.CaptureFixture) -> None:
+    """Checked before any artifact is opened (``--old`` here does not exist)."""
+    assert main(["upgrade", "xbt", *UPGRADE, "--set", setting]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "manifest" not in err
+
+
+def test_a_setting_without_a_value_is_a_usage_error(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(["upgrade", "xbt", *UPGRADE, "--set", "anchor"])
+    assert exc.value.code == 2
+    assert "expected KEY=VALUE" in capsys.readouterr().err

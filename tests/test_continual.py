@@ -66,6 +66,11 @@ def test_registry_knows_every_method_and_names_them_on_a_typo() -> None:
     assert {"seqft", "modx", "ctp", "dns", "teir", "cll-clip"} <= set(STRATEGIES)
     with pytest.raises(ConfigError, match="known methods: cll-clip, ctp, dns, modx, seqft, teir"):
         get_strategy("ewc")
+    from training.continual import registry
+
+    assert registry.STRATEGIES is STRATEGIES and registry.get_strategy is get_strategy
+    with pytest.raises(ConfigError, match="registered twice"):
+        registry.register_strategy("dns")(type("Again", (), {}))
 
 
 def test_config_overrides_parse_by_field_type_and_reject_unknown_fields() -> None:
@@ -74,8 +79,10 @@ def test_config_overrides_parse_by_field_type_and_reject_unknown_fields() -> Non
     assert cfg.lr == 1e-3 and cfg.one_sided == ("image",) and cfg.replay == 5
     assert get_strategy("modx").Config().alpha == 20.0  # METHODS.md defaults
     assert get_strategy("ctp").Config().lr == 1e-4
-    with pytest.raises(ConfigError, match="no field"):
+    with pytest.raises(ConfigError, match=r"TeirConfig has no field\(s\) \['replay'\]"):
         get_strategy("teir").Config.from_dict({"replay": "10"})
+    recorded = {**cfg.to_dict(), "from_a_newer_version": 1}  # as an artifact records it
+    assert get_strategy("dns").Config.from_dict(recorded, lenient=True) == cfg
     with pytest.raises(ConfigError, match="project"):
         get_strategy("dns").Config(project="weights")
     with pytest.raises(ConfigError, match="lr"):
@@ -460,10 +467,12 @@ def test_cli_continual_phase_and_unknown_method(base: Artifact, tmp_path: Path,
     assert manifest["parent"] == "v0" and manifest["phase"]["method"] == "ctp"
     assert manifest["hyperparameters"]["strategy"]["tau"] == 0.1
     assert manifest["hyperparameters"]["strategy"]["replay"] == 5
+    assert main([*args[:1], "--method", "ctp", "--set", "bogus=1", *args[1:]]) == 2
+    assert "has no field(s) ['bogus']" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("command", [["continual"], ["bench", "continual"],
-                                     ["bench", "language"]])
+                                     ["bench", "language"], ["continual", "--method", "dns"]])
 def test_help_of_the_continual_commands(command: list[str],
                                         capsys: pytest.CaptureFixture) -> None:
     from training.cli import build_parser
@@ -471,7 +480,10 @@ def test_help_of_the_continual_commands(command: list[str],
     with pytest.raises(SystemExit) as exc:
         build_parser().parse_args([*command, "--help"])
     assert exc.value.code == 0
-    assert "usage: nobackfill" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "usage: nobackfill" in out
+    if "--method" in command:  # the method's settings, with help and defaults
+        assert "dns settings (--set KEY=VALUE)" in out and "  project = gradient" in out
 
 
 def test_bench_language_checks_the_targets_of_every_teir_variant() -> None:

@@ -143,9 +143,9 @@ def test_prompts_grow_tokens_and_pool_the_class_token() -> None:
 
 def test_resnet_tower_refuses_prompts_and_trains_without(bases, world, tmp_path) -> None:
     model = create_model(resnet_spec())
-    with pytest.raises(ConfigError, match="--no-prompts"):
+    with pytest.raises(ConfigError, match="--set prompts=0"):
         Adapters.attach(model, XbtConfig().adapter_config())
-    with pytest.raises(ConfigError, match="--no-prompts"):
+    with pytest.raises(ConfigError, match="--set prompts=0"):
         run_upgrade(bases["v1"], resnet_spec(), world, tmp_path / "rn")
     assert not (tmp_path / "rn").exists()
     art = run_upgrade(bases["v1"], resnet_spec(), world, tmp_path / "rn", prompts=0,
@@ -419,6 +419,30 @@ def test_bad_config(kwargs: dict, message: str) -> None:
         XbtConfig(**kwargs)
 
 
+def test_config_from_dict_is_strict_and_reads_manifests_leniently() -> None:
+    with pytest.raises(ConfigError, match=r"no field\(s\) \['anchr'\].*anchr -> anchor"):
+        XbtConfig.from_dict({"anchr": "true"})
+    cfg = XbtConfig.from_dict({"anchor": "true", "steps": "3", "lr": "3e-4"})
+    assert (cfg.anchor, cfg.steps, cfg.lr) == (True, 3, 3e-4)
+    assert XbtConfig.from_dict(cfg.to_dict()) == cfg  # package_version is a recorded key
+    recorded = {**cfg.to_dict(), "from_a_newer_version": 1}
+    assert XbtConfig.from_dict(recorded, lenient=True) == cfg
+    with pytest.raises(ConfigError, match="from_a_newer_version"):
+        XbtConfig.from_dict(recorded)
+
+
+def test_upgrade_methods_are_registered_by_name() -> None:
+    from training.xbt import UPGRADES, get_upgrade
+    from training.xbt.methods import Direct, Xbt
+
+    assert dict(UPGRADES) == {"xbt": Xbt, "direct": Direct}
+    with pytest.raises(ConfigError, match="unknown upgrade method 'nope'; known methods: "
+                                          "direct, xbt"):
+        get_upgrade("nope")
+    with pytest.raises(ConfigError, match="method 'direct'"):
+        Direct(XbtConfig())  # a config for another method
+
+
 # ---------------------------------------------------------------------------- CLI
 def test_cli_upgrade_then_eval_and_missing_images(bases, tmp_path, capsys) -> None:
     data = tmp_path / "pairs"
@@ -426,12 +450,13 @@ def test_cli_upgrade_then_eval_and_missing_images(bases, tmp_path, capsys) -> No
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(CORPUS))
     common = ["upgrade", "xbt", "--old", str(bases["v1"].path), "--corpus", str(corpus),
-              "--pretrain-steps", "2", "--pretrain-batch-size", "8", "--steps", "1",
-              "--batch-size", "8", "--json"]
+              "--set", "pretrain_steps=2", "--set", "pretrain-batch-size=8", "--set", "steps=1",
+              "--set", "batch_size=8", "--json"]
     assert main([*common, "--new", str(bases["new"].path), "--pairs", str(data),
-                 "--out", str(tmp_path / "v2"), "--version-id", "v2", "--no-prompts"]) == 0
+                 "--out", str(tmp_path / "v2"), "--version-id", "v2", "--set", "prompts=0"]) == 0
     manifest = json.loads(capsys.readouterr().out)
     assert manifest["routes"]["v1"]["adapter_config"]["prompts"] == 0
+    assert manifest["hyperparameters"]["pretrain_steps"] == 2
     assert main(["eval", str(bases["v1"].path), str(tmp_path / "v2"), "--data", str(data),
                  "--json"]) == 0
     matrix = json.loads(capsys.readouterr().out)
@@ -442,3 +467,17 @@ def test_cli_upgrade_then_eval_and_missing_images(bases, tmp_path, capsys) -> No
                  "--out", str(tmp_path / "v3")]) == 2
     assert "image file not found" in capsys.readouterr().err
     assert not (tmp_path / "v3").exists()
+
+
+def test_cli_upgrade_direct_runs_the_direct_baseline(bases, tmp_path, capsys) -> None:
+    data = tmp_path / "pairs"
+    write_dataset(data, n=16, seed=9, languages=("en",), image_size=32)
+    args = ["upgrade", "direct", "--old", str(bases["v1"].path), "--new", str(bases["new"].path),
+            "--corpus", "synth:20", "--pairs", str(data), "--out", str(tmp_path / "d"),
+            "--set", "steps=1", "--set", "batch_size=8", "--json"]
+    assert main(args) == 0
+    manifest = json.loads(capsys.readouterr().out)
+    assert manifest["method"] == manifest["hyperparameters"]["method"] == "direct"
+    assert "direct" in manifest["metrics"] and "stage2" not in manifest["metrics"]
+    assert main([*args[:-1], "--set", "anchor=true"]) == 2  # Direct takes no anchors
+    assert "anchor and pair_anchor apply to method 'xbt'" in capsys.readouterr().err

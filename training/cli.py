@@ -16,10 +16,14 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from training.console import csv_list, emit
 from training.errors import NobackfillError
+
+if TYPE_CHECKING:
+    from training.config import MethodConfig
+    from training.xbt.registry import UpgradeMethod
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -153,32 +157,52 @@ def add_info(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_info)
 
 
+# ---------------------------------------------------------------- method settings
+def _assignment(value: str) -> tuple[str, str]:
+    key, sep, rest = value.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {value!r}")
+    return key.strip().replace("-", "_"), rest.strip()
+
+
+def add_settings(p: argparse.ArgumentParser, example: str) -> None:
+    """``--set KEY=VALUE``: the one way every method (upgrade or continual) takes its
+    settings; ``MethodConfig.from_dict`` parses them strictly."""
+    p.add_argument("--set", dest="settings", action="append", type=_assignment, default=[],
+                   metavar="KEY=VALUE", help=f"a field of the method's config, e.g. --set "
+                                             f"{example} (repeatable; - or _ in KEY)")
+
+
+def settings_help(config: type[MethodConfig], skip: Sequence[str] = (),
+                  title: str = "settings") -> str:
+    """The epilog of a method's ``--help``: every setting with its default and help."""
+    from training.config import describe
+
+    return f"{title} (--set KEY=VALUE), with their defaults:\n{describe(config, skip)}"
+
+
+class MethodHelp(argparse.Action):
+    """``--help`` that, after ``--method NAME``, also lists NAME's settings: the method's
+    module (and torch) is imported only then, so plain ``--help`` stays fast."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str,
+                 settings: Callable[[str], str], **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+        self.settings = settings
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        text = parser.format_help()
+        if getattr(namespace, "method", None):
+            try:
+                text += "\n" + self.settings(namespace.method) + "\n"
+            except NobackfillError as exc:
+                parser.error(str(exc))
+        sys.stdout.write(text)
+        parser.exit()
+
+
 # ---------------------------------------------------------------- upgrade
-def add_config_options(p: argparse.ArgumentParser, cls: Any, skip: Sequence[str] = ()) -> None:
-    """One ``--field-name`` per dataclass field, typed, with the field's help text; fields
-    not given keep the dataclass default (argparse.SUPPRESS)."""
-    import dataclasses
-
-    for f in dataclasses.fields(cls):
-        if f.name in skip:
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        kind = type(f.default)
-        helptext = f"{f.metadata.get('help', '')} (default: {f.default})".replace("%", "%%")
-        if kind is bool:
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
-                           help=helptext)
-        else:
-            p.add_argument(flag, type=kind, default=argparse.SUPPRESS, help=helptext)
-
-
-def config_from(args: argparse.Namespace, cls: Any) -> Any:
-    import dataclasses
-
-    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
-                  if hasattr(args, f.name)})
-
-
 def new_model_from(args: argparse.Namespace) -> Any:
     """--new ARTIFACT, or a model spec from --new-model-config / --new-arch options."""
     from training.artifacts import load_artifact
@@ -197,12 +221,12 @@ def new_model_from(args: argparse.Namespace) -> Any:
                      checkpoint=args.new_checkpoint)
 
 
-def cmd_upgrade_xbt(args: argparse.Namespace) -> int:
+def cmd_upgrade(args: argparse.Namespace) -> int:
     from training.artifacts import load_artifact
-    from training.xbt.config import XbtConfig
+    from training.xbt import get_upgrade
     from training.xbt.upgrade import upgrade
 
-    cfg = config_from(args, XbtConfig)
+    cfg = get_upgrade(args.upgrade).configure(dict(args.settings))  # before any loading
     old, new = load_artifact(args.old), new_model_from(args)
     art = upgrade(old, new, args.corpus, open_dataset(args.pairs, args.skip_bad), args.out, cfg,
                   version_id=args.version_id, target_space=args.target_space, device=args.device)
@@ -212,51 +236,57 @@ def cmd_upgrade_xbt(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_upgrade(sub: argparse._SubParsersAction) -> None:
-    from training.xbt.config import XbtConfig
-
-    p = sub.add_parser("upgrade", help="make a new model compatible with an old gallery")
-    methods = p.add_subparsers(dest="upgrade", required=True)
-    x = methods.add_parser("xbt", help="cross-modal backward-compatible training (XBT, or "
-                                       "the Direct baseline with --method direct)")
-    x.add_argument("--old", required=True, help="artifact of the old version (gallery model)")
-    g = x.add_argument_group("new model (one of --new, --new-model-config, --new-arch)")
+def add_new_model_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("new model (one of --new, --new-model-config, --new-arch)")
     g.add_argument("--new", help="artifact directory of the new model")
     g.add_argument("--new-model-config", help="JSON model config (open_clip format)")
     g.add_argument("--new-arch", help="open_clip architecture name, e.g. ViT-L-14")
     g.add_argument("--new-pretrained", help="open_clip pretrained tag (needs the model hub)")
     g.add_argument("--new-checkpoint", help="local weights file of the new model")
-    x.add_argument("--corpus", required=True,
+
+
+def add_upgrade_inputs(p: argparse.ArgumentParser) -> None:
+    """What every upgrade method reads and writes, whatever the method."""
+    p.add_argument("--old", required=True, help="artifact of the old version (gallery model)")
+    add_new_model_options(p)
+    p.add_argument("--corpus", required=True,
                    help="stage 1 captions: a text file, one caption per line, or synth:N")
-    x.add_argument("--pairs", required=True, help="paired set: manifest or dataset directory")
-    x.add_argument("--out", required=True, help="artifact directory to create")
-    x.add_argument("--version-id", help="default: generated")
-    x.add_argument("--target-space", help="space to map into (default: the old version's root)")
-    x.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when present)")
-    x.add_argument("--skip-bad", action="store_true", help="skip pairs with bad images")
-    x.add_argument("--method", choices=["xbt", "direct"], default=argparse.SUPPRESS,
-                   help="xbt (default) or the Direct baseline")
-    x.add_argument("--no-prompts", dest="prompts", action="store_const", const=0,
-                   default=argparse.SUPPRESS, help="no visual soft prompts (e.g. ResNet towers)")
-    add_config_options(x, XbtConfig, skip=("method",))
-    x.add_argument("--json", action="store_true")
-    x.set_defaults(func=cmd_upgrade_xbt)
+    p.add_argument("--pairs", required=True, help="paired set: manifest or dataset directory")
+    p.add_argument("--out", required=True, help="artifact directory to create")
+    p.add_argument("--version-id", help="default: generated")
+    p.add_argument("--target-space", help="space to map into (default: the old version's root)")
+    p.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when present)")
+    p.add_argument("--skip-bad", action="store_true", help="skip pairs with bad images")
+    p.add_argument("--json", action="store_true")
+
+
+def add_upgrade_method(methods: argparse._SubParsersAction, name: str,
+                       method: type[UpgradeMethod]) -> None:
+    """``upgrade NAME``: one subcommand per registered upgrade method."""
+    p = methods.add_parser(name, help=method.summary, description=method.summary,
+                           epilog=settings_help(method.Config, skip=("method",)),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_upgrade_inputs(p)
+    add_settings(p, "anchor=true")
+    p.set_defaults(func=cmd_upgrade)
+
+
+def add_upgrade(sub: argparse._SubParsersAction) -> None:
+    from training.xbt import UPGRADES  # torch-free: the methods import their code when run
+
+    p = sub.add_parser("upgrade", help="make a new model compatible with an old gallery")
+    methods = p.add_subparsers(dest="upgrade", required=True, metavar="METHOD")
+    for name, method in UPGRADES.items():
+        add_upgrade_method(methods, name, method)
 
 
 # ---------------------------------------------------------------- continual
-def _assignment(value: str) -> tuple[str, str]:
-    key, sep, rest = value.partition("=")
-    if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {value!r}")
-    return key.strip().replace("-", "_"), rest.strip()
-
-
 def cmd_continual(args: argparse.Namespace) -> int:
     from training.continual import get_strategy
     from training.continual.phase import run_phase
     from training.continual.strategy import PhaseOptions
 
-    overrides = dict(args.set or [])
+    overrides = dict(args.settings)
     for name in ("replay", "lr"):
         if getattr(args, name) is not None:
             overrides[name] = getattr(args, name)
@@ -273,9 +303,18 @@ def cmd_continual(args: argparse.Namespace) -> int:
     return 0
 
 
+def strategy_settings(name: str) -> str:
+    from training.continual import get_strategy
+
+    return settings_help(get_strategy(name).Config, title=f"{name} settings")
+
+
 def add_continual(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("continual", help="one continual phase: a new version from an old one, "
-                                          "same embedding space")
+                                          "same embedding space", add_help=False,
+                       epilog="`continual --method NAME --help` also lists NAME's settings")
+    p.add_argument("-h", "--help", action=MethodHelp, settings=strategy_settings,
+                   help="show this help (after --method NAME: with NAME's settings) and exit")
     p.add_argument("--method", required=True,
                    help="seqft, modx, ctp, dns (domain phases); teir, cll-clip (language)")
     p.add_argument("--from", dest="parent", required=True, help="artifact of the parent version")
@@ -290,8 +329,7 @@ def add_continual(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--replay", type=int, help="replay memory size in images (reservoir)")
     p.add_argument("--prior", help="sample of data the parent already serves; seeds DNS "
                                    "statistics / the replay memory when the parent has none")
-    p.add_argument("--set", action="append", type=_assignment, metavar="KEY=VALUE",
-                   help="any field of the method's config, e.g. --set alpha=10 (repeatable)")
+    add_settings(p, "alpha=10")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--version-id", help="default: generated")
     p.add_argument("--device", help="cpu, cuda (default: cuda when present)")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from typing import Any
 
 
@@ -19,3 +20,13 @@ def emit(args: argparse.Namespace, result: Any, text: str) -> None:
 def csv_list(value: str) -> list[str]:
     """An argparse type: ``"a, b,,c"`` -> ``["a", "b", "c"]``."""
     return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def report_command(run: Callable[[argparse.Namespace], Any],
+                   render: Callable[[Any], str]) -> Callable[[argparse.Namespace], int]:
+    """A benchmark's command: run it, then print its result (``emit``); exit code 0."""
+    def command(args: argparse.Namespace) -> int:
+        result = run(args)
+        emit(args, result, render(result))
+        return 0
+    return command

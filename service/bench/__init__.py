@@ -9,14 +9,17 @@ the same rounds.
 Targets: at 32 clients, batched text QPS >= 3x unbatched; at 1 client, gateway p50
 <= 1.5x the bare encoder + search time.
 
-Registered with the CLI by module path (training/ never imports service/), so this
-module imports nothing heavy at the top.
+Plugged into the CLI through the ``nobackfill.benchmarks`` entry point (training/
+never imports service/), so this module imports nothing heavy at the top.
 """
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
+
+from service.bench.report import render
+from training.console import report_command
 
 
 def register(sub: argparse._SubParsersAction, name: str) -> None:
@@ -50,7 +53,7 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--keep", action="store_true", help="keep the work directory (artifact, "
                                                        "registry, Qdrant data)")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_main)
+    p.set_defaults(func=report_command(run, render))
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -58,11 +61,3 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     return run_bench(args)
 
-
-def _main(args: argparse.Namespace) -> int:
-    from service.bench.report import render
-    from training.console import emit
-
-    result = run(args)
-    emit(args, result, render(result))
-    return 0

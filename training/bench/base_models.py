@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from training.configs import config_path
+from training.console import report_command
 from training.data import DEFAULT_DOMAINS, PairDataset, generate_items
 
 TEST_SEED = 10_000
@@ -120,12 +121,5 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
     p = sub.add_parser(name, help="train and evaluate the standard OLD and NEW tiny models")
     p.add_argument("--out", default="runs/bench-base", help="keeps old/ and new/ artifacts")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=lambda args: _main(args))
+    p.set_defaults(func=report_command(run, render))
 
-
-def _main(args: argparse.Namespace) -> int:
-    from training.console import emit
-
-    result = run(args)
-    emit(args, result, render(result))
-    return 0

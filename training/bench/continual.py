@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from training.console import report_command
 from training.data import PairDataset, generate_items
 
 PHASES = ("pairs", "symbols", "textures", "polygons")
@@ -332,12 +333,5 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--out", default="runs/bench-continual", help="where the JSON goes")
     p.add_argument("--quick", action="store_true", help="a tiny smoke run (minutes)")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_main)
+    p.set_defaults(func=report_command(run, render))
 
-
-def _main(args: argparse.Namespace) -> int:
-    from training.console import emit
-
-    result = run(args)
-    emit(args, result, render(result))
-    return 0

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from training.bench.base_models import BaseBench, test_set
+from training.console import report_command
 from training.xbt.config import XbtConfig
 
 PAIRS_SEED = 20_000  # the paired set differs from the base training sets (seeds 1, 2)
@@ -147,7 +148,8 @@ def run_upgrades(old: Any, new: Any, bench: XbtBench, old_emb: tuple, gallery: G
                  out: Path) -> tuple[dict[str, Any], dict[str, float]]:
     """Stage 1 once (caching every anchor), then XBT without anchors, with the corpus
     anchor, with both anchors, and Direct, each from fresh adapters: (cells, seconds)."""
-    from training.xbt.upgrade import direct, prepare, stage1, with_fresh_adapters, write_upgrade
+    from training.xbt import get_upgrade
+    from training.xbt.upgrade import prepare, stage1, with_fresh_adapters, write_upgrade
 
     cfg = bench.config
     anchored = replace(cfg, anchor=True, pair_anchor=True)
@@ -167,9 +169,9 @@ def run_upgrades(old: Any, new: Any, bench: XbtBench, old_emb: tuple, gallery: G
     direct_cfg = replace(cfg, method="direct")
     fresh = with_fresh_adapters(p, direct_cfg)
     start = time.perf_counter()
-    phi_d, metrics = direct(fresh, direct_cfg)
+    phi_d, metrics = get_upgrade("direct")(direct_cfg).train(fresh)  # {"direct": ...}
     seconds["direct"] = time.perf_counter() - start
-    art = write_upgrade(fresh, phi_d, direct_cfg, {"direct": metrics}, out / "direct", "direct")
+    art = write_upgrade(fresh, phi_d, direct_cfg, metrics, out / "direct", "direct")
     cells["direct new->old"] = artifact_cell(art, old.space, old_emb, gallery)
     return cells, seconds
 
@@ -282,12 +284,5 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--lr", type=float,
                    help=f"stage 2 / Direct adapter learning rate, default {BENCH_STEPS['lr']:g}")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=lambda args: _main(args))
+    p.set_defaults(func=report_command(run, render))
 
-
-def _main(args: argparse.Namespace) -> int:
-    from training.console import emit
-
-    result = run(args)
-    emit(args, result, render(result))
-    return 0

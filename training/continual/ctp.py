@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from training.continual import register_strategy
+from training.continual.registry import register_strategy
 from training.continual.seqft import ContrastiveConfig, ContrastiveStrategy
 from training.continual.strategy import PhaseContext
 from training.encoders import model_embed_dim

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from training.continual import register_strategy
+from training.continual.registry import register_strategy
 from training.continual.seqft import ContrastiveConfig, ContrastiveStrategy
 from training.continual.strategy import PhaseContext, PhaseSetup
 from training.data import PairDataset

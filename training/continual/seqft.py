@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from training.continual import register_strategy
+from training.continual.registry import register_strategy
 from training.continual.replay import NAMESPACE as REPLAY
 from training.continual.replay import ReplayMemory, mix
 from training.continual.strategy import (

@@ -9,15 +9,15 @@ loop, and after training to ``finish`` (update the state saved with the new vers
 from __future__ import annotations
 
 import copy
-import dataclasses
 import fnmatch
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 
 from training.artifacts import Artifact
+from training.config import MethodConfig
 from training.data import PairDataset
 from training.encoders import Encoder, ModelSpec
 from training.errors import ConfigError
@@ -29,8 +29,10 @@ Hook = Callable[[torch.optim.Optimizer], None]
 
 
 @dataclass
-class StrategyConfig:
-    """Optimisation settings every strategy has; subclasses add fields and change defaults."""
+class StrategyConfig(MethodConfig):
+    """Optimisation settings every strategy has; subclasses add fields and change defaults.
+
+    ``from_dict`` (strict, strings parsed by field type) comes from ``MethodConfig``."""
 
     lr: float = field(default=5e-4, metadata={"help": "peak learning rate"})
     weight_decay: float = field(default=0.1, metadata={"help": "AdamW decoupled weight decay"})
@@ -55,43 +57,6 @@ class StrategyConfig:
                            weight_decay=self.weight_decay, warmup=self.warmup,
                            schedule=self.schedule, min_lr_ratio=self.min_lr_ratio,
                            grad_clip=self.grad_clip, adam_eps=self.adam_eps, seed=seed)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: list(v) if isinstance(v, tuple) else v
-                for k, v in dataclasses.asdict(self).items()}
-
-    @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> StrategyConfig:
-        """A config from overrides; strings (e.g. from ``--set k=v``) are parsed by field type."""
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - set(fields))
-        if unknown:
-            raise ConfigError(f"{cls.__name__} has no field(s) {unknown}; its fields: "
-                              f"{', '.join(fields)}")
-        return cls(**{k: _parse(fields[k], v) for k, v in values.items()})
-
-
-def _field_default(f: dataclasses.Field) -> Any:
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    return f.default_factory()  # type: ignore[misc]
-
-
-def _parse(f: dataclasses.Field, value: Any) -> Any:
-    """``value`` as the type of field ``f``'s default (strings from the command line)."""
-    kind = type(_field_default(f))
-    if not isinstance(value, str) or kind is str:
-        return tuple(value) if kind is tuple and isinstance(value, list) else value
-    try:
-        if kind is bool:
-            if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                raise ValueError(value)
-            return value.lower() in ("true", "1", "yes")
-        if kind is tuple:
-            return tuple(v.strip() for v in value.split(",") if v.strip())
-        return kind(value)
-    except ValueError:
-        raise ConfigError(f"{f.name} expects a {kind.__name__}, got {value!r}") from None
 
 
 @dataclass
@@ -183,7 +148,7 @@ def select_trainable(model: torch.nn.Module,
 
 class Strategy:
     """Base class of a continual method; subclasses are registered with
-    ``training.continual.register_strategy``."""
+    ``training.continual.registry.register_strategy``."""
 
     name: ClassVar[str] = ""
     kind: ClassVar[str] = "domain"  # "domain": image-caption pairs; "language": add a language

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from training.continual import register_strategy
+from training.continual.registry import register_strategy
 from training.continual.strategy import (
     PhaseContext,
     PhaseSetup,

@@ -1,32 +1,35 @@
 """``XbtConfig``: every hyperparameter of an XBT upgrade (METHODS.md, XBT), saved with the artifact.
 
-Each field carries its help text in ``metadata["help"]`` (the CLI builds its options
-from them, as peft's config dataclasses do); ``__post_init__`` rejects bad values
-and combinations with a message that says what to change.
+A ``MethodConfig``: each field carries its help text in ``metadata["help"]`` (what
+``nobackfill upgrade xbt --help`` lists; settings are given as ``--set KEY=VALUE``),
+``from_dict`` is strict, and ``__post_init__`` rejects bad values and combinations with
+a message that says what to change. Free of torch, so the CLI's ``--help`` stays fast.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import training
+from training.config import MethodConfig, setting
 from training.errors import ConfigError
+from training.xbt.registry import UPGRADES
 
 if TYPE_CHECKING:
     from training.trainer import TrainConfig
 
-METHODS = ("xbt", "direct")
 XBT_LOG_LOGIT_SCALE = 2.6592  # log of 1/0.07: the logit scale is exp of it, not a temperature
 # Transformer blocks of both towers (ViT and text), and a ResNet tower's bottleneck convs.
 DEFAULT_LORA_TARGETS = r".*resblocks\.\d+\.(attn|mlp\.c_fc|mlp\.c_proj)|visual\.layer\d+\.\d+\.conv\d"
 
 
 @dataclass
-class AdapterConfig:
-    """The shape of the adapters; a route records it to rebuild them."""
+class AdapterConfig(MethodConfig):
+    """The shape of the adapters; a route records it to rebuild them (read back with
+    ``from_dict(..., lenient=True)``: a route another library version wrote)."""
 
     lora_r: int = 16
     lora_alpha: float = 16.0
@@ -47,67 +50,62 @@ class AdapterConfig:
         except re.error as exc:
             raise ConfigError(f"lora_targets is not a valid regex: {exc}") from exc
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> AdapterConfig:
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
-
-
-def _f(default: Any, help: str) -> Any:
-    return field(default=default, metadata={"help": help})
-
 
 @dataclass
-class XbtConfig:
-    """Hyperparameters of an XBT upgrade (or of the Direct baseline with ``method="direct"``)."""
+class XbtConfig(MethodConfig):
+    """Hyperparameters of an XBT upgrade (or of the Direct baseline with ``method="direct"``).
 
-    method: str = _f("xbt", "xbt: text-only phi pretraining, then image-text training without "
-                            "the old model; direct: random phi trained end to end against the "
-                            "old model (baseline)")
+    ``method`` names a registered upgrade method (``training.xbt.registry``) and selects
+    what ``train_upgrade`` runs; the artifact records it."""
+
+    RECORD_KEYS: ClassVar[frozenset[str]] = frozenset({"package_version"})
+
+    method: str = setting("xbt", "xbt: text-only phi pretraining, then image-text training "
+                                 "without the old model; direct: random phi trained end to end "
+                                 "against the old model (baseline)")
     # stage 1: text-only pretraining of phi on cached text embeddings
-    pretrain_steps: int = _f(1000, "stage 1 optimizer steps (text only, cached embeddings)")
-    pretrain_batch_size: int = _f(512, "stage 1 batch size (the paper: 8192)")
-    pretrain_lr: float = _f(1e-4, "AdamW learning rate of phi trained from scratch: all of phi "
-                                  "in stage 1 (and the Direct baseline's random phi)")
-    noise_sigma: float = _f(0.05, "std of the Gaussian noise added to the new text embeddings "
-                                  "(unit vectors) in stage 1; 0 disables")
+    pretrain_steps: int = setting(1000, "stage 1 optimizer steps (text only, cached embeddings)")
+    pretrain_batch_size: int = setting(512, "stage 1 batch size (the paper: 8192)")
+    pretrain_lr: float = setting(1e-4, "AdamW learning rate of phi trained from scratch: all of "
+                                       "phi in stage 1 (and the Direct baseline's random phi)")
+    noise_sigma: float = setting(0.05, "std of the Gaussian noise added to the new text "
+                                       "embeddings (unit vectors) in stage 1; 0 disables")
     # stage 2 (and the Direct baseline): image-text pairs
-    steps: int = _f(500, "stage 2 optimizer steps on image-text pairs (also Direct's steps)")
-    batch_size: int = _f(128, "stage 2 batch size (image-caption pairs)")
-    lr: float = _f(1e-4, "AdamW learning rate of LoRA, LayerNorms and phi's LayerNorms")
-    prompt_lr: float = _f(1e-2, "AdamW learning rate of the visual soft prompts (100x lr)")
-    weight_decay: float = _f(0.01, "AdamW weight decay of every group")
-    warmup: float = _f(0.0, "fraction of steps with linear warmup (the paper: none)")
-    schedule: str = _f("constant", "lr schedule after warmup: constant (the paper), cosine, linear")
-    grad_clip: float = _f(1.0, "max global gradient norm; 0 disables")
-    log_logit_scale: float = _f(XBT_LOG_LOGIT_SCALE, "log of the fixed logit scale of every "
-                                                     "contrastive term (exp(2.6592) = 1/0.07)")
-    anchor: bool = _f(False, "add L_c(phi(w_new), w_old) on the old text embeddings cached in "
-                             "stage 1 to stage 2 (keeps the text side in the old space)")
-    anchor_weight: float = _f(1.0, "weight of the anchoring term")
-    pair_anchor: bool = _f(False, "add L_c(phi(v_new), w_old) + L_c(phi(w_new), v_old) on the "
-                                  "paired set's old image and caption embeddings, cached in "
-                                  "stage 1 with the old model (not run in stage 2): trains the "
-                                  "two retrievals the gate measures, new queries against an "
-                                  "old gallery")
-    pair_anchor_weight: float = _f(1.0, "weight of the pair anchoring term")
+    steps: int = setting(500, "stage 2 optimizer steps on image-text pairs (also Direct's steps)")
+    batch_size: int = setting(128, "stage 2 batch size (image-caption pairs)")
+    lr: float = setting(1e-4, "AdamW learning rate of LoRA, LayerNorms and phi's LayerNorms")
+    prompt_lr: float = setting(1e-2, "AdamW learning rate of the visual soft prompts (100x lr)")
+    weight_decay: float = setting(0.01, "AdamW weight decay of every group")
+    warmup: float = setting(0.0, "fraction of steps with linear warmup (the paper: none)")
+    schedule: str = setting("constant", "lr schedule after warmup: constant (the paper), cosine, "
+                                        "linear")
+    grad_clip: float = setting(1.0, "max global gradient norm; 0 disables")
+    log_logit_scale: float = setting(XBT_LOG_LOGIT_SCALE, "log of the fixed logit scale of every "
+                                                          "contrastive term (exp(2.6592) = 1/0.07)")
+    anchor: bool = setting(False, "add L_c(phi(w_new), w_old) on the old text embeddings cached "
+                                  "in stage 1 to stage 2 (keeps the text side in the old space)")
+    anchor_weight: float = setting(1.0, "weight of the anchoring term")
+    pair_anchor: bool = setting(False, "add L_c(phi(v_new), w_old) + L_c(phi(w_new), v_old) on "
+                                       "the paired set's old image and caption embeddings, cached "
+                                       "in stage 1 with the old model (not run in stage 2): trains "
+                                       "the two retrievals the gate measures, new queries against "
+                                       "an old gallery")
+    pair_anchor_weight: float = setting(1.0, "weight of the pair anchoring term")
     # adapters
-    lora_r: int = _f(16, "LoRA rank")
-    lora_alpha: float = _f(16.0, "LoRA alpha (scaling = alpha / r)")
-    lora_dropout: float = _f(0.1, "dropout on the LoRA branch input")
-    lora_targets: str = _f(DEFAULT_LORA_TARGETS, "regex (full match) of the module names that "
-                                                 "get LoRA")
-    prompts: int = _f(10, "visual soft prompt tokens (ViT towers only); 0 = --no-prompts")
-    layer_norms: bool = _f(True, "train LayerNorm deltas of both towers")
-    language: str = _f("en", "caption language of the paired set")
-    seed: int = _f(0, "seed of initialisation, batch order and noise")
+    lora_r: int = setting(16, "LoRA rank")
+    lora_alpha: float = setting(16.0, "LoRA alpha (scaling = alpha / r)")
+    lora_dropout: float = setting(0.1, "dropout on the LoRA branch input")
+    lora_targets: str = setting(DEFAULT_LORA_TARGETS, "regex (full match) of the module names "
+                                                      "that get LoRA")
+    prompts: int = setting(10, "visual soft prompt tokens (ViT towers only); 0 disables them "
+                               "(needed for ResNet towers)")
+    layer_norms: bool = setting(True, "train LayerNorm deltas of both towers")
+    language: str = setting("en", "caption language of the paired set")
+    seed: int = setting(0, "seed of initialisation, batch order and noise")
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise ConfigError(f"method must be one of {METHODS}, got {self.method!r}")
+        if self.method not in UPGRADES:
+            raise ConfigError(f"method must be one of {tuple(UPGRADES)}, got {self.method!r}")
         if self.noise_sigma < 0:
             raise ConfigError(f"noise_sigma must be >= 0, got {self.noise_sigma}")
         for name in ("pretrain_lr", "lr", "prompt_lr"):
@@ -118,9 +116,7 @@ class XbtConfig:
         if not math.isfinite(self.log_logit_scale) or math.exp(self.log_logit_scale) > 100:
             raise ConfigError(f"log_logit_scale {self.log_logit_scale} gives a logit scale "
                               f"above 100 (the clamp of every contrastive loss); use <= 4.6052")
-        if (self.anchor or self.pair_anchor) and self.method == "direct":
-            raise ConfigError("anchor and pair_anchor apply to method 'xbt' (Direct already "
-                              "trains against the old model); drop them or use --method xbt")
+        UPGRADES[self.method].check_config(self)  # e.g. Direct takes no anchoring terms
         self.adapter_config()  # validates the LoRA / prompt fields
         self.pretrain_config()  # validates steps, batch sizes, warmup and schedule
         self.stage2_config()
@@ -149,11 +145,6 @@ class XbtConfig:
                            schedule=self.schedule, grad_clip=self.grad_clip, seed=self.seed)
 
     def to_dict(self) -> dict[str, Any]:
-        """The config as saved in an artifact, with the library version that wrote it."""
-        return {**asdict(self), "package_version": training.__version__}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> XbtConfig:
-        """Forward-compatible: keys this version does not know (newer fields) are ignored."""
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        """The config as saved in an artifact, with the library version that wrote it
+        (a ``RECORD_KEYS`` entry: ``from_dict`` drops it)."""
+        return {**super().to_dict(), "package_version": training.__version__}

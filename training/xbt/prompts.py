@@ -71,7 +71,7 @@ def check_promptable(visual: nn.Module) -> None:
         raise ConfigError(
             f"the new model's vision tower ({type(visual).__name__}) cannot take visual soft "
             f"prompts: they need an open_clip ViT (VisionTransformer) tower. Train without them "
-            f"with --no-prompts (XbtConfig(prompts=0)).")
+            f"with --set prompts=0 (XbtConfig(prompts=0)).")
     if not getattr(visual.transformer, "batch_first", True):
         raise ConfigError("visual soft prompts need a batch-first vision transformer; "
-                          "use --no-prompts (XbtConfig(prompts=0))")
+                          "use --set prompts=0 (XbtConfig(prompts=0))")

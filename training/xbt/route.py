@@ -34,14 +34,17 @@ def load_projector(artifact: Artifact, route: dict) -> Projector:
 def adapted_model(artifact: Artifact, route: dict) -> tuple[torch.nn.Module, Adapters]:
     """The version's base model with its trained adapters attached and switched on."""
     model = native_model(artifact)
-    adapters = Adapters.attach(model, AdapterConfig.from_dict(route["adapter_config"]))
+    # lenient: a route written by another library version may record more (or newer) keys
+    config = AdapterConfig.from_dict(route["adapter_config"], lenient=True)
+    adapters = Adapters.attach(model, config)
     adapters.load_state_dict(artifact.tensors(route["adapters"]))
     return model.eval(), adapters
 
 
 @register_route("projector")
-def projector_route(artifact: Artifact, route: dict,
-                    device: torch.device | str | None) -> Encoder:
+def load_projector_route(artifact: Artifact, route: dict,
+                         device: torch.device | str | None) -> Encoder:
+    """The encoder of a "projector" route: the adapted base model, then phi."""
     for key in ("adapters", "projector", "adapter_config", "projector_dims"):
         if key not in route:
             raise ArtifactError(f"version '{artifact.version_id}': projector route lacks '{key}'")

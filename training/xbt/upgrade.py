@@ -10,6 +10,8 @@ Learning for Vision-Language Models"):
    ``L_x = L_c(phi(v_new), phi(w_new))`` (+ optional anchoring terms on old embeddings
    cached in stage 1: the corpus' old text, and the paired set's old images and captions).
 The Direct baseline instead trains a random phi end to end against the old model.
+Both are registered upgrade methods (``training.xbt.methods``); ``train_upgrade`` runs
+the one ``XbtConfig.method`` names.
 The result is a version artifact whose route into the target space runs the base
 model + adapters + phi; its native route is the untouched new model.
 """
@@ -47,6 +49,7 @@ from training.xbt.inputs import (
     target_space_of,
 )
 from training.xbt.projector import Projector, to_old_space
+from training.xbt.registry import get_upgrade
 
 OnProgress = Callable[[Progress], None] | None
 
@@ -397,8 +400,9 @@ def result_metrics(result: TrainResult) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- the artifact
-def projector_route(p: Prepared, phi: Projector, cfg: XbtConfig) -> dict[str, Any]:
-    """How the version reaches the target space: base model + adapters + phi (route.py)."""
+def projector_route_entry(p: Prepared, phi: Projector, cfg: XbtConfig) -> dict[str, Any]:
+    """The manifest's entry for the route into the target space: base model + adapters +
+    phi (``training.xbt.route.load_projector_route`` builds the encoder from it)."""
     return {"kind": "projector", "adapters": ADAPTERS_FILE, "projector": PROJECTOR_FILE,
             "adapter_config": cfg.adapter_config().to_dict(), "projector_dims": phi.dims(),
             "embed_dim": phi.out_dim}
@@ -415,7 +419,8 @@ def write_upgrade(p: Prepared, phi: Projector, cfg: XbtConfig, metrics: dict[str
         "model_spec": p.spec.to_dict(), "base_model": p.spec.describe(),
         "embed_dim": p.new_dim, "preprocess": dict(get_model_preprocess_cfg(p.model)),
         "languages": [cfg.language], "hyperparameters": cfg.to_dict(), "metrics": metrics,
-        "routes": {space: {"kind": "native"}, p.target_space: projector_route(p, phi, cfg)},
+        "routes": {space: {"kind": "native"},
+                   p.target_space: projector_route_entry(p, phi, cfg)},
     }
     tensors = {WEIGHTS: p.base_state, ADAPTERS_FILE: p.adapters.state_dict(),
                PROJECTOR_FILE: {k: v.detach() for k, v in phi.state_dict().items()}}
@@ -424,14 +429,11 @@ def write_upgrade(p: Prepared, phi: Projector, cfg: XbtConfig, metrics: dict[str
 
 def train_upgrade(p: Prepared, cfg: XbtConfig, show_progress: bool = True,
                   on_progress: OnProgress = None) -> tuple[Projector, dict[str, Any]]:
-    """Run the configured method on prepared inputs: (trained phi, metrics)."""
-    pairs = {"pair_images": len(p.pairs.pixels), "pair_captions": len(p.pairs.tokens)}
-    if cfg.method == "direct":
-        phi, metrics = direct(p, cfg, show_progress, on_progress)
-        return phi, {**pairs, "direct": metrics}
-    phi, anchors, pretrain = stage1(p, cfg, show_progress, on_progress)
-    result = train_stage2(p.adapters, phi, p.pairs, cfg, anchors, show_progress, on_progress)
-    return phi, {**pairs, "pretrain": pretrain, "stage2": result_metrics(result)}
+    """Run the method ``cfg.method`` names (looked up in the registry, so adding a method
+    touches no code here) on prepared inputs: (trained phi, metrics)."""
+    phi, metrics = get_upgrade(cfg.method)(cfg).train(p, show_progress, on_progress)
+    return phi, {"pair_images": len(p.pairs.pixels), "pair_captions": len(p.pairs.tokens),
+                 **metrics}
 
 
 def upgrade(old: Artifact, new: Artifact | ModelSpec, corpus: str | Path | Sequence[str],
