@@ -171,6 +171,23 @@ def test_feature_queue_wraps_and_round_trips() -> None:
     assert again.ptr == queues.ptr == 1 and torch.equal(again.image, queues.image)
 
 
+def test_an_empty_feature_queue_stays_empty() -> None:
+    queues = FeatureQueues(0, 2)
+    queues.enqueue(torch.ones(4, 2), torch.ones(4, 2))
+    image, text = queues.features()
+    assert image.shape == text.shape == (0, 2) and queues.ptr == queues.filled == 0
+
+
+def test_ctp_without_a_queue_runs_a_phase(base: Artifact, small_world: PairDataset,
+                                          tmp_path: Path) -> None:
+    """The paper's no-queue ablation (K = 0): the batch alone is L_cmc's negatives."""
+    cfg = get_strategy("ctp").Config(queue_size=0)
+    art = _phase(base, "ctp", small_world, tmp_path / "ctp0", cfg, domain="pairs",
+                 version_id="ctp-noqueue")
+    assert art.manifest["hyperparameters"]["strategy"]["queue_size"] == 0
+    assert native_model(art).state_dict()["visual.proj"].isfinite().all()
+
+
 # ---------------------------------------------------------------- DNS
 
 

@@ -82,6 +82,8 @@ class FeatureQueues:
     def enqueue(self, image: torch.Tensor, text: torch.Tensor) -> None:
         size = len(self.image)
         count = min(len(image), size)
+        if count == 0:  # K = 0 (the paper's no-queue ablation): ``x[-0:]`` would be all of x
+            return
         slots = (self.ptr + torch.arange(count, device=self.image.device)) % max(size, 1)
         self.image[slots], self.text[slots] = image[-count:], text[-count:]
         self.ptr = (self.ptr + count) % max(size, 1)
