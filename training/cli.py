@@ -278,6 +278,50 @@ def add_upgrade(sub: argparse._SubParsersAction) -> None:
     methods = p.add_subparsers(dest="upgrade", required=True, metavar="METHOD")
     for name, method in UPGRADES.items():
         add_upgrade_method(methods, name, method)
+    add_adapter(methods)
+
+
+def cmd_adapter(args: argparse.Namespace) -> int:
+    from training.adapters.config import AdapterFitConfig
+    from training.adapters.fit import fit_adapter, sample_from_dataset
+    from training.artifacts import load_artifact
+    from training.xbt.inputs import target_space_of
+
+    cfg = AdapterFitConfig.from_dict(dict(args.settings))
+    old = load_artifact(args.old)
+    target = target_space_of(old, args.target_space)
+    sample = sample_from_dataset(old, open_dataset(args.sample, args.skip_bad), args.k,
+                                 seed=cfg.seed, language=cfg.language, space=target)
+    art = fit_adapter(new_model_from(args), sample, cfg, target, args.out, old=old,
+                      version_id=args.version_id, device=args.device)
+    emit(args, art.manifest, f"wrote {art.version_id} to {art.path}: space '{art.space}', "
+         f"{cfg.method} route into '{target}'\n" + json.dumps(art.manifest["metrics"], indent=2))
+    return 0
+
+
+def add_adapter(methods: argparse._SubParsersAction) -> None:
+    """``upgrade adapter``: an adapter route fitted on a sample (``training.adapters``)."""
+    from training.adapters.config import AdapterFitConfig
+
+    summary = ("an adapter route (procrustes, affine, residual-mlp; optional SLERP) fitted on "
+               "a sample's old vectors and the new model's embeddings of the same items")
+    p = methods.add_parser("adapter", help=summary, description=summary,
+                           epilog=settings_help(AdapterFitConfig),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--old", required=True, help="artifact of the old version (gallery model)")
+    add_new_model_options(p)
+    p.add_argument("--sample", required=True,
+                   help="items to fit on: manifest or dataset directory (OLD embeds them, as "
+                        "the gallery would store them; an adapter job reads them instead)")
+    p.add_argument("--k", type=int, default=10_000, help="sample size (items)")
+    p.add_argument("--out", required=True, help="artifact directory to create")
+    p.add_argument("--version-id", help="default: generated")
+    p.add_argument("--target-space", help="space to map into (default: the old version's root)")
+    p.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when present)")
+    p.add_argument("--skip-bad", action="store_true", help="skip items with bad images")
+    add_settings(p, "method=affine")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_adapter)
 
 
 # ---------------------------------------------------------------- continual

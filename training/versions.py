@@ -20,7 +20,7 @@ from training.errors import ArtifactError
 RouteBuilder = Callable[[Artifact, dict, "torch.device | str | None"], Encoder]
 ROUTE_BUILDERS: dict[str, RouteBuilder] = {}
 # Route kinds defined outside this module: kind -> module that registers it on import.
-ROUTE_MODULES: dict[str, str] = {"projector": "training.xbt.route"}
+ROUTE_MODULES: dict[str, str] = {"projector": "training.xbt.route", "adapter": "training.adapters.route"}
 
 
 def register_route(kind: str) -> Callable[[RouteBuilder], RouteBuilder]:
