@@ -152,3 +152,33 @@ def test_a_sample_without_pairs_is_refused(old_new, tmp_path: Path) -> None:
     _, new = old_new
     with pytest.raises(ConfigError, match="fewer than 2"):
         fit_adapter(new, Sample(), AdapterFitConfig(), "v1", tmp_path / "none")
+
+
+def test_bench_upgrade_reports_every_adapter_row(micro_versions: dict[str, Path],
+                                                 tmp_path: Path) -> None:
+    """``bench upgrade --skip-xbt`` on micro models: every adapter row, with its gain share,
+    flip rates, cost and added latency (the numbers mean nothing at this size)."""
+    import shutil
+
+    from training.bench.upgrade import ADAPTER_ROWS, SLERP_ROWS, render
+    from training.cli import build_parser
+
+    base = tmp_path / "base"
+    shutil.copytree(micro_versions["v1"], base / "old")
+    shutil.copytree(micro_versions["v3"], base / "new")
+    args = build_parser().parse_args(["bench", "upgrade", "--base", str(base), "--out",
+                                      str(tmp_path / "out"), "--sample", "64", "--skip-xbt",
+                                      "--seed", "1"])
+    from training.bench.upgrade import run
+
+    result = run(args)
+    names = [f"{n} new->old" for n, _ in ADAPTER_ROWS] + [f"{n}+slerp new->old"
+                                                          for n in SLERP_ROWS]
+    assert sorted(result["rows"]) == sorted(names)
+    row = result["rows"]["procrustes+slerp new->old"]
+    assert row["family"] == "adapter" and row["gpu_class_budget"] is False
+    assert 0 <= row["flips"]["t2i"]["negative"] <= 1 and set(row["added_query_ms"]) == {
+        "text", "image"}
+    assert any(k.startswith("adapter fit on 64 items") for k in result["targets"])
+    assert (tmp_path / "out" / "seed-1" / "bench-upgrade.json").is_file()
+    assert "procrustes shared new->old" in render(result)

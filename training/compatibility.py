@@ -14,8 +14,11 @@ import numpy as np
 
 from training.artifacts import Artifact
 from training.data import PairDataset
-from training.evaluate import cross_metrics
+from training.evaluate import cross_metrics, cross_top1_hits
 from training.versions import load_encoder
+
+# (version id, space) -> (image [N, D], text [M, D]) embeddings of one dataset.
+Embeddings = dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]
 
 
 def embed_dataset(artifact: Artifact, dataset: PairDataset, space: str | None = None,
@@ -28,10 +31,14 @@ def embed_dataset(artifact: Artifact, dataset: PairDataset, space: str | None = 
 
 
 def compatibility_of_artifacts(artifacts: Sequence[Artifact], dataset: PairDataset,
-                               language: str = "en") -> dict[str, Any]:
-    """``{"models": [version ids], "spaces": {...}, "cells": {q: {g: cell | None}}}``."""
+                               language: str = "en",
+                               cache: Embeddings | None = None) -> dict[str, Any]:
+    """``{"models": [version ids], "spaces": {...}, "cells": {q: {g: cell | None}}}``.
+
+    ``cache``, if given, is filled with (and reused for) the embeddings, one pass per
+    (version, space), so a caller can measure more on them (``cell_top1_hits``)."""
     relevance = dataset.relevance(language)
-    cache: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
+    cache = {} if cache is None else cache
 
     def embedded(art: Artifact, space: str) -> tuple[np.ndarray, np.ndarray]:
         key = (art.version_id, space)
@@ -51,3 +58,13 @@ def compatibility_of_artifacts(artifacts: Sequence[Artifact], dataset: PairDatas
             cells[q.version_id][g.version_id] = cross_metrics(q_txt, q_img, g_img, g_txt, relevance)
     return {"models": [a.version_id for a in artifacts],
             "spaces": {a.version_id: a.space for a in artifacts}, "cells": cells}
+
+
+def cell_top1_hits(cache: Embeddings, query: Artifact, gallery: Artifact,
+                   relevance: np.ndarray) -> dict[str, np.ndarray]:
+    """Per-query top-1 hits of the cell (query, gallery) from embeddings that
+    ``compatibility_of_artifacts`` left in ``cache``: ``{"t2i": bool [M], "i2t": bool [N]}``
+    (the inputs of flip rates, ``training.evaluate.negative_flip_rate``)."""
+    q_img, q_txt = cache[(query.version_id, gallery.space)]
+    g_img, g_txt = cache[(gallery.version_id, gallery.space)]
+    return cross_top1_hits(q_txt, q_img, g_img, g_txt, relevance)

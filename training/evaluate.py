@@ -8,6 +8,9 @@ the lower gallery index, so every metric here is deterministic.
 Compatibility: every (query model, gallery model) pair evaluated, rows = query
 model, columns = gallery model.
 
+Flips: per-query top-1 outcomes and the negative/positive-flip rates of a model update
+(Yan et al., 2021, positive-congruent training): the regressions a net R@1 gain can hide.
+
 Continual: from the accuracy matrix ``a[i][j]`` (R@1 on domain j after phase i),
 the average final score, backward transfer (BWT) and forgetting.
 
@@ -58,7 +61,7 @@ def _check_scores(sim: Any) -> np.ndarray:
     return sim if np.issubdtype(sim.dtype, np.floating) else sim.astype(np.float64)
 
 
-def _check_relevance(relevant: Any, shape: tuple[int, int], name: str) -> np.ndarray:
+def _check_relevance(relevant: Any, shape: tuple[int, ...], name: str) -> np.ndarray:
     """Validate a boolean relevance matrix of the given shape (0/1 integers accepted)."""
     relevant = _as_numpy(relevant, name)
     if relevant.shape != shape:
@@ -264,12 +267,78 @@ def cross_metrics(
 ) -> dict[str, Any]:
     """One compatibility cell: a query model's texts/images against a gallery model's
     images/texts, all in one space (same dim). ``relevance`` bool [M texts, N images]."""
+    qt, qi, gi, gt, relevance = _check_cell(query_text, query_image, gallery_image,
+                                            gallery_text, relevance)
+    return _cell_metrics(qt, qi, gi, gt, relevance, _check_ks(ks), _check_k(map_k, "map_k"))
+
+
+def _check_cell(
+    query_text: Any, query_image: Any, gallery_image: Any, gallery_text: Any, relevance: Any,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Validated (query text, query image, gallery image, gallery text, relevance) of a cell."""
     qt, qi = _check_embeddings(query_text, "query_text"), _check_embeddings(query_image, "query_image")
     gi, gt = _check_embeddings(gallery_image, "gallery_image"), _check_embeddings(gallery_text, "gallery_text")
     _check_pair_dims("query", "gallery", qt, gi)
     _check_pair_dims("query", "gallery", qi, gt)
     relevance = _check_relevance(relevance, (qt.shape[0], gi.shape[0]), "relevance")
-    return _cell_metrics(qt, qi, gi, gt, relevance, _check_ks(ks), _check_k(map_k, "map_k"))
+    return qt, qi, gi, gt, relevance
+
+
+# --------------------------------------------------------------------------- flips
+
+
+def top1_hits(sim: Any, relevant: Any) -> np.ndarray:
+    """Bool [Q]: whether each query's top-1 gallery item is relevant.
+
+    Ranked exactly as ``recall_at_k`` ranks (score descending, ties by lower gallery
+    index), so ``top1_hits(sim, relevant).mean()`` is R@1. The per-query form is what
+    flip rates need (see ``negative_flip_rate``).
+    """
+    sim = _check_scores(sim)
+    relevant = _check_relevance(relevant, sim.shape, "relevant")
+    return _ranked_hits_from_scores(sim, relevant, 1)[:, 0]
+
+
+def cross_top1_hits(
+    query_text: Any, query_image: Any, gallery_image: Any, gallery_text: Any, relevance: Any,
+) -> dict[str, np.ndarray]:
+    """Per-query top-1 hits of one compatibility cell (the cell ``cross_metrics`` measures):
+    ``{"t2i": bool [M texts], "i2t": bool [N images]}``; each mean is that direction's R@1.
+    Scores are dot products, ranked as in ``recall_at_k``; ``relevance`` bool [M, N]."""
+    qt, qi, gi, gt, relevance = _check_cell(query_text, query_image, gallery_image,
+                                            gallery_text, relevance)
+    return {"t2i": _ranked_hits_from_embeddings(qt, gi, relevance, 1)[:, 0],
+            "i2t": _ranked_hits_from_embeddings(qi, gt, relevance.T, 1)[:, 0]}
+
+
+def _check_flip_pair(before: Any, after: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Validate two per-query top-1 outcomes: 1-D, non-empty, boolean, same length."""
+    b = _as_numpy(before, "before_top1_ok")
+    if b.ndim != 1 or b.shape[0] == 0:
+        raise DataError(f"before_top1_ok must be a non-empty 1-D array, got shape {b.shape}")
+    return (_check_relevance(b, b.shape, "before_top1_ok"),
+            _check_relevance(after, b.shape, "after_top1_ok"))
+
+
+def negative_flip_rate(before_top1_ok: Any, after_top1_ok: Any) -> float:
+    """Negative-flip rate: the fraction of queries whose top-1 was relevant before an update
+    and is not after it (Yan et al., 2021, "Positive-Congruent Training: Towards
+    Regression-Free Model Updates"; the regressions that BCT-style compatibility training
+    does not see, since a net recall gain can hide them).
+
+    The denominator is *all* queries, as in Yan et al., not only those right before.
+    Inputs: bool [Q] per-query top-1 outcomes (e.g. from ``top1_hits``), same queries.
+    """
+    before, after = _check_flip_pair(before_top1_ok, after_top1_ok)
+    return float(np.mean(before & ~after))
+
+
+def positive_flip_rate(before_top1_ok: Any, after_top1_ok: Any) -> float:
+    """Positive-flip rate: the fraction of all queries whose top-1 was wrong before and is
+    relevant after (the counterpart of ``negative_flip_rate``, same denominator), so
+    ``R@1(after) - R@1(before) == positive - negative``."""
+    before, after = _check_flip_pair(before_top1_ok, after_top1_ok)
+    return float(np.mean(~before & after))
 
 
 # --------------------------------------------------------------------------- compatibility

@@ -11,11 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from training.bench import base_models, continual, language, xbt
+from training.bench import base_models, continual, language, upgrade, xbt
 
 BENCHMARKS: dict[str, Callable[[Any, str], None]] = {
     "base": base_models.register,
     "xbt": xbt.register,
+    "upgrade": upgrade.register,
     "continual": continual.register,
     "language": language.register,
 }

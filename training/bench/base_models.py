@@ -54,8 +54,10 @@ class BaseBench:
     domains: tuple[str, ...] = DEFAULT_DOMAINS
 
 
-def test_set(bench: BaseBench, languages: tuple[str, ...] = ("en",)) -> PairDataset:
-    items = generate_items(bench.test_images, seed=TEST_SEED, domains=bench.domains,
+def test_set(bench: BaseBench, languages: tuple[str, ...] = ("en",), draw: int = 0,
+             ) -> PairDataset:
+    """The held-out test set; ``draw`` > 0 renders another one of the same size and domains."""
+    items = generate_items(bench.test_images, seed=TEST_SEED + 101 * draw, domains=bench.domains,
                            languages=languages, id_prefix="test-")
     return PairDataset.from_synth(items)
 

@@ -65,8 +65,8 @@ class Gallery:
     relevance: Any
 
 
-def load_gallery() -> Gallery:
-    test = test_set(BaseBench())
+def load_gallery(draw: int = 0) -> Gallery:
+    test = test_set(BaseBench(), draw=draw)
     texts, _ = test.captions("en")
     return Gallery([test.load_image(i) for i in range(len(test))], texts, test.relevance("en"))
 
@@ -105,10 +105,12 @@ def backfill_estimate(seconds: float, items: int) -> dict[str, Any]:
             **{f"{name}_hours": per_item * n / 3600 for name, n in BACKFILL_SIZES.items()}}
 
 
-def paired_set(n: int) -> Any:
+def paired_set(n: int, draw: int = 0) -> Any:
+    """The paired set of stage 2 and Direct; ``draw`` > 0 renders another one."""
     from training.data import PairDataset, generate_items
 
-    items = generate_items(n, seed=PAIRS_SEED, languages=("en",), id_prefix="xbt-pairs-")
+    items = generate_items(n, seed=PAIRS_SEED + 101 * draw, languages=("en",),
+                           id_prefix="xbt-pairs-")
     return PairDataset.from_synth(items)
 
 
@@ -124,11 +126,12 @@ def text_only_cell(p: Any, phi: Any, old_emb: tuple, gallery: Gallery) -> dict[s
         return cell(embed(encoder, gallery), old_emb, gallery)
 
 
-def artifact_cell(art: Any, space: str, old_emb: tuple, gallery: Gallery) -> dict[str, Any]:
-    """An upgraded version as served: loaded from disk, routed into the gallery's space."""
+def artifact_embeddings(art: Any, space: str, gallery: Gallery) -> tuple:
+    """An upgraded version as served: loaded from disk, routed into the gallery's space;
+    its (images, texts, seconds) embeddings of the test set."""
     from training.versions import load_encoder
 
-    return cell(embed(load_encoder(art, space), gallery), old_emb, gallery)
+    return embed(load_encoder(art, space), gallery)
 
 
 def train_variant(p: Any, phi: Any, cfg: XbtConfig, anchors: Any, out: Path,
@@ -145,19 +148,21 @@ def train_variant(p: Any, phi: Any, cfg: XbtConfig, anchors: Any, out: Path,
 
 
 def run_upgrades(old: Any, new: Any, bench: XbtBench, old_emb: tuple, gallery: Gallery,
-                 out: Path) -> tuple[dict[str, Any], dict[str, float]]:
+                 out: Path, draw: int = 0) -> tuple[dict[str, Any], dict[str, float], dict]:
     """Stage 1 once (caching every anchor), then XBT without anchors, with the corpus
-    anchor, with both anchors, and Direct, each from fresh adapters: (cells, seconds)."""
+    anchor, with both anchors, and Direct, each from fresh adapters: (cells, seconds,
+    row name -> (artifact, its test-set embeddings)); the text-only row has no artifact."""
     from training.xbt import get_upgrade
     from training.xbt.upgrade import prepare, stage1, with_fresh_adapters, write_upgrade
 
     cfg = bench.config
     anchored = replace(cfg, anchor=True, pair_anchor=True)
-    p = prepare(old, new, f"synth:{bench.corpus}", paired_set(bench.pairs), anchored)
+    p = prepare(old, new, f"synth:{bench.corpus}", paired_set(bench.pairs, draw), anchored)
     start = time.perf_counter()
     phi1, anchors, _ = stage1(p, anchored)
     seconds = {"stage1": time.perf_counter() - start}
     cells = {"phi text-only new->old": text_only_cell(p, phi1, old_emb, gallery)}
+    routed: dict[str, tuple] = {}
     variants = (("xbt", cfg, "stage2"), ("xbt+anchor", replace(cfg, anchor=True), "stage2_anchor"),
                 ("xbt+pairs", anchored, "stage2_pairs"))
     for k, (name, variant_cfg, timing) in enumerate(variants):
@@ -165,15 +170,16 @@ def run_upgrades(old: Any, new: Any, bench: XbtBench, old_emb: tuple, gallery: G
         fresh = p if k == 0 else with_fresh_adapters(p, variant_cfg)
         art, seconds[timing] = train_variant(fresh, copy.deepcopy(phi1), variant_cfg, anchors,
                                              out, name.replace("+", "-"))
-        cells[f"{name} new->old"] = artifact_cell(art, old.space, old_emb, gallery)
+        routed[f"{name} new->old"] = (art, artifact_embeddings(art, old.space, gallery))
     direct_cfg = replace(cfg, method="direct")
     fresh = with_fresh_adapters(p, direct_cfg)
     start = time.perf_counter()
     phi_d, metrics = get_upgrade("direct")(direct_cfg).train(fresh)  # {"direct": ...}
     seconds["direct"] = time.perf_counter() - start
     art = write_upgrade(fresh, phi_d, direct_cfg, metrics, out / "direct", "direct")
-    cells["direct new->old"] = artifact_cell(art, old.space, old_emb, gallery)
-    return cells, seconds
+    routed["direct new->old"] = (art, artifact_embeddings(art, old.space, gallery))
+    cells.update({name: cell(emb, old_emb, gallery) for name, (_, emb) in routed.items()})
+    return cells, seconds, routed
 
 
 
@@ -228,7 +234,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     old, new = load_artifact(base / "old"), load_artifact(base / "new")
     gallery = load_gallery()
     old_emb, cells, reembed = reference(old, new, gallery)
-    upgraded, seconds = run_upgrades(old, new, bench, old_emb, gallery, out)
+    upgraded, seconds, _ = run_upgrades(old, new, bench, old_emb, gallery, out)
     cells.update(upgraded)
     closures, targets = check_targets(cells)
     result = {"bench": {**asdict(bench), "config": bench.config.to_dict()}, "cells": cells,
