@@ -44,6 +44,14 @@ ADMIN_KEY = "admin-key"
 ADMIN = {"X-API-Key": ADMIN_KEY}
 
 
+def register_gated(registry, path: Path, by: str = "fixture"):
+    """Register a fixture artifact with its manifest's ``gate`` as the report of a gate the
+    service ran (the registry trusts only a report handed in by the worker's admission;
+    it drops one that merely sits in a manifest)."""
+    gate = json.loads((Path(path) / "manifest.json").read_text()).get("gate")
+    return registry.register(path, by=by, gate=gate)
+
+
 @pytest.fixture(scope="session")
 def micro_versions(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Random-init micro artifacts: v1 (space v1, no gate report), v2 (space v1, other
@@ -68,7 +76,8 @@ def micro_versions(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture
 def gateway_factory(tmp_path: Path, micro_versions: dict[str, Path]):
     """``with gateway_factory(**settings) as client``: a started gateway on in-memory Qdrant
-    with v1, v2, v3 registered and gallery 'shapes' (space v1, served by v1)."""
+    with v1, v2, v3 registered (v2 and v3 gated) and gallery 'shapes' (space v1, served by
+    v1); tmp_path is an allowed root, so tests may name files there."""
     import contextlib
 
     from fastapi.testclient import TestClient
@@ -81,11 +90,11 @@ def gateway_factory(tmp_path: Path, micro_versions: dict[str, Path]):
     def make(load=None, **overrides):
         values = {"data_dir": tmp_path / "data", "qdrant_path": ":memory:",
                   "admin_api_keys": {"ops": ADMIN_KEY}, "registry_poll_interval_s": 0.05,
-                  "batch_max_wait_ms": 2.0, **overrides}
+                  "batch_max_wait_ms": 2.0, "allowed_roots": (tmp_path,), **overrides}
         settings = Settings(**values)
         registry = Registry(settings.registry_dir)
         for path in micro_versions.values():
-            registry.register(path, by="fixture")
+            register_gated(registry, path)
         with TestClient(create_app(settings, load)) as client:
             response = client.post("/v1/galleries", headers=ADMIN,
                                    json={"name": "shapes", "space": "v1", "version": "v1"})

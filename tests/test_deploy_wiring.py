@@ -21,6 +21,8 @@ import pytest
 import yaml
 
 from service.stack.launch import free_port, stop
+from service.state.config import Settings
+from service.state.jobs.workers import live_workers
 
 ROOT = Path(__file__).resolve().parents[1]
 VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?([-?])([^}]*))?\}")
@@ -89,7 +91,9 @@ def test_gateway_and_worker_run_on_the_compose_environment(micro_versions, tmp_p
     assert gateway_env["NOBACKFILL_BROKER_URL"].startswith("redis://127.0.0.1:6379")
     assert worker_env["NOBACKFILL_BROKER_URL"] == gateway_env["NOBACKFILL_BROKER_URL"]
     port = free_port()
-    gateway_env |= {"NOBACKFILL_HOST": "127.0.0.1", "NOBACKFILL_PORT": str(port)}
+    gateway_env |= {"NOBACKFILL_HOST": "127.0.0.1", "NOBACKFILL_PORT": str(port),
+                    # the fixture's artifacts: registering is only from an allowed root
+                    "NOBACKFILL_ALLOWED_ROOTS": str(micro_versions["v1"].parent)}
     key = next(iter(json.loads(gateway_env["NOBACKFILL_ADMIN_API_KEYS"]).values()))
     admin, base = {"X-API-Key": key}, f"http://127.0.0.1:{port}"
     with process("service", gateway_env, tmp_path / "gateway.log"), \
@@ -108,6 +112,8 @@ def test_gateway_and_worker_run_on_the_compose_environment(micro_versions, tmp_p
         hit = httpx.post(f"{base}/v1/galleries/g/search", timeout=60,
                          json={"text": "a red circle", "kind": "text"}).json()
         assert hit["version"] == "v1" and hit["hits"][0]["id"] == "a"
+        shared = Settings(data_dir=tmp_path / "data")  # jobs are refused until a worker is live
+        poll(lambda: live_workers(shared), 120, "the worker", tmp_path / "worker.log")
         job = httpx.post(f"{base}/v1/jobs", headers=admin, timeout=60, json={
             "kind": "evaluate", "gallery": "g", "params": {"version": "v1"}}).json()
         def finished() -> dict | None:

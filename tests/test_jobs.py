@@ -141,3 +141,37 @@ def test_gate_refuses_a_candidate_without_a_route_into_the_space(versions, valid
         run_gate(versions["v3"], versions["v1"], validation)
     with pytest.raises(ConfigError, match="margin"):
         GateCriterion(margin=-0.1)
+
+
+# ---------------------------------------------------------------- worker liveness
+def test_worker_liveness_records(tmp_path: Path) -> None:
+    from service.state.config import Settings
+    from service.state.errors import Unavailable
+    from service.state.jobs.workers import (
+        live_workers,
+        record_path,
+        remove_beat,
+        require_live_worker,
+        workers,
+        write_beat,
+    )
+
+    settings = Settings(data_dir=tmp_path, worker_stale_after_s=30)
+    with pytest.raises(Unavailable, match="no worker has been seen for 30s"):
+        require_live_worker(settings)
+    odd = "../gpu 0@host/"  # any node name becomes one safe file under REGISTRY/workers
+    beat = write_beat(settings, odd, "2020-01-01T00:00:00+00:00")
+    assert record_path(settings, odd).parent == tmp_path / "registry" / "workers"
+    assert [b.name for b in live_workers(settings)] == [odd] and beat.pid > 0
+    require_live_worker(settings)
+    (tmp_path / "registry" / "workers" / "junk.json").write_text("{not json")
+    stale = {**json.loads(record_path(settings, odd).read_text()), "name": "old@h",
+             "pid": 1, "at": "2000-01-01T00:00:00+00:00"}
+    record_path(settings, "old@h").write_text(json.dumps(stale))
+    assert [b.name for b in workers(settings)] == [odd, "old@h"]  # junk is no record
+    assert [b.name for b in live_workers(settings)] == [odd]
+    remove_beat(settings, "old@h")  # another process's record: left alone
+    assert len(workers(settings)) == 2
+    remove_beat(settings, odd)
+    with pytest.raises(Unavailable, match="the last one, old@h"):
+        require_live_worker(settings)

@@ -278,8 +278,10 @@ def test_register_through_the_api(client: TestClient, micro_versions: dict[str, 
     (source / "manifest.json").write_text(json.dumps({**manifest, "version_id": "v4"}))
     r = client.post("/v1/models", headers=ADMIN,
                     json={"source": str(source), "gate": {"passed": True, "r1": 0.9}})
+    assert "gate report cannot be supplied" in assert_error(r, 422, "invalid_request")["message"]
+    r = client.post("/v1/models", headers=ADMIN, json={"source": str(source)})
     assert r.status_code == 201, r.text
-    assert r.json()["gate"] == {"passed": True, "r1": 0.9} and r.json()["registered_by"] == "ops"
+    assert r.json()["gate"] is None and r.json()["registered_by"] == "ops"
     assert_error(client.post("/v1/models", headers=ADMIN, json={"source": str(tmp_path / "no")}),
                  422, "invalid_artifact")
     (source / "model.safetensors").write_bytes(b"tampered")
@@ -287,6 +289,8 @@ def test_register_through_the_api(client: TestClient, micro_versions: dict[str, 
     assert_error(client.post("/v1/models", headers=ADMIN, json={"source": str(source)}),
                  422, "invalid_artifact")
     r = client.post("/v1/models", headers=ADMIN, json={"source": str(source), "gate": {"x": 1}})
+    assert_error(r, 422, "invalid_request")
+    r = client.post("/v1/models", headers=ADMIN, json={"source": str(source), "extra": 1})
     assert_error(r, 422, "invalid_request")
 
 
@@ -361,7 +365,8 @@ def test_gallery_endpoints(client: TestClient) -> None:
 # ---------------------------------------------------------------- health, metrics, docs
 def test_health_ready_metrics_docs(client: TestClient) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
-    ready = client.get("/readyz").json()
+    assert client.get("/readyz").json() == {"status": "ready"}  # no key: ready, nothing more
+    ready = client.get("/readyz", headers=ADMIN).json()
     assert ready["status"] == "ready" and ready["galleries"] == {"shapes": "v1"}
     search(client, text="a red circle")
     search(client, image_base64=world_items(1)[0]["image_base64"])
@@ -389,7 +394,10 @@ def test_readyz_fails_while_a_version_cannot_load(gateway_factory, micro_version
         client.app.state.gateway.runtime._load = broken
         r = client.post("/v1/models/v2/promote", headers=ADMIN, json={"gallery": "shapes"})
         assert r.status_code == 200 and "GPU fell off" in r.json()["serving"]["problem"]
-        assert "GPU fell off" in assert_error(client.get("/readyz"), 503, "unavailable")["message"]
+        keyed = assert_error(client.get("/readyz", headers=ADMIN), 503, "unavailable")
+        assert "GPU fell off" in keyed["message"]
+        public = assert_error(client.get("/readyz"), 503, "unavailable")["message"]
+        assert "GPU" not in public and "shapes" not in public and "v2" not in public
         assert search(client, text="still answering")["version"] == "v1"  # the old one serves on
 
 

@@ -1,5 +1,6 @@
 """The registry: registration with checksums, gated promotion, force with a reason,
-rollback, atomic index writes, and locking across concurrent writer processes."""
+rollback, retiring versions, deleting galleries, atomic index writes, and locking across
+concurrent writer processes."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import register_gated
 
 from service.state.errors import (
     AlreadyExists,
@@ -34,11 +36,12 @@ FORK = multiprocessing.get_context("fork")  # children only touch JSON files, ne
 def registry(tmp_path: Path, micro_versions: dict[str, Path]) -> Registry:
     reg = Registry(tmp_path / "registry")
     for path in micro_versions.values():
-        reg.register(path, by="tester")
+        register_gated(reg, path, by="tester")
     return reg
 
 
-def copy_as(source: Path, dest: Path, version_id: str, gate: dict | None = None) -> Path:
+def copy_as(source: Path, dest: Path, version_id: str, gate: dict | None = None,
+            **fields: object) -> Path:
     """A copy of an artifact under another version id (the manifest is not checksummed)."""
     shutil.copytree(source, dest)
     manifest = json.loads((dest / "manifest.json").read_text())
@@ -46,7 +49,7 @@ def copy_as(source: Path, dest: Path, version_id: str, gate: dict | None = None)
     manifest.pop("gate", None)
     if gate is not None:
         manifest["gate"] = gate
-    (dest / "manifest.json").write_text(json.dumps(manifest))
+    (dest / "manifest.json").write_text(json.dumps({**manifest, **fields}))
     return dest
 
 
@@ -65,6 +68,7 @@ def test_register_is_idempotent_and_refuses_a_different_artifact_under_a_taken_i
         registry: Registry, micro_versions: dict[str, Path], tmp_path: Path) -> None:
     revision = registry.revision()
     assert registry.register(micro_versions["v1"], by="again") == registry.version("v1")
+    assert registry.add(micro_versions["v1"], by="again") == (registry.version("v1"), False)
     assert registry.revision() == revision
     impostor = copy_as(micro_versions["v2"], tmp_path / "impostor", "v1")
     with pytest.raises(AlreadyExists, match="different files"):
@@ -91,10 +95,24 @@ def test_register_gate_report_and_move(registry: Registry, micro_versions: dict[
     source = copy_as(micro_versions["v1"], tmp_path / "v4", "v4", gate={"passed": False})
     with pytest.raises(InvalidInput, match="boolean 'passed'"):
         registry.register(source, by="tester", gate={"recall": 0.9})
-    record = registry.register(source, by="tester", move=True,
-                               gate={"passed": True, "t2i_r1": 0.91})
-    assert record.gate == {"passed": True, "t2i_r1": 0.91}  # the given report wins
+    record, created = registry.add(source, by="tester", move=True,
+                                   gate={"passed": True, "t2i_r1": 0.91})
+    assert created and record.gate == {"passed": True, "t2i_r1": 0.91}  # the service's
+    assert registry.manifest("v4")["gate"] == record.gate  # the stored manifest agrees
     assert not source.exists() and registry.artifact("v4").version_id == "v4"
+
+
+def test_a_gate_report_in_a_manifest_is_not_trusted(registry: Registry,
+                                                    micro_versions: dict[str, Path],
+                                                    tmp_path: Path) -> None:
+    source = copy_as(micro_versions["v2"], tmp_path / "v7", "v7", gate={"passed": True})
+    record = registry.register(source, by="outsider")
+    assert record.gate is None and record.gate_status == "none"
+    assert "gate" not in registry.manifest("v7")  # dropped from the stored copy
+    assert json.loads((source / "manifest.json").read_text())["gate"] == {"passed": True}
+    registry.create_gallery("shapes", "v1", by="ops", version="v1")
+    with pytest.raises(GateFailed, match="no gate report"):
+        registry.promote("shapes", "v7", by="ops")
 
 
 def test_a_failed_move_gives_the_artifact_back(registry: Registry,
@@ -129,8 +147,8 @@ def test_gallery_creation(registry: Registry) -> None:
 def test_promotion_needs_a_passing_gate(registry: Registry, micro_versions: dict[str, Path],
                                         tmp_path: Path) -> None:
     registry.create_gallery("shapes", "v1", by="ops", version="v1")
-    registry.register(copy_as(micro_versions["v2"], tmp_path / "v5", "v5",
-                              gate={"passed": False}), by="tester")
+    registry.register(copy_as(micro_versions["v2"], tmp_path / "v5", "v5"), by="tester",
+                      gate={"passed": False})
     with pytest.raises(GateFailed, match="did not pass"):
         registry.promote("shapes", "v5", by="ops")
     registry.promote("shapes", "v2", by="ops", reason="better recall")
@@ -155,6 +173,69 @@ def test_force_needs_a_reason_and_is_recorded(registry: Registry) -> None:
     event = record.history[-1]
     assert (event.forced, event.overrides, event.reason) == (True, ("space",), "incident 42")
     assert registry.gallery("shapes").active == "v3"
+    v3 = registry.version("v3")  # the version records it too; its own gate did pass
+    assert v3.forced == ({"gallery": "shapes", "by": "ops", "at": event.at,
+                          "reason": "incident 42", "overrides": ["space"]},)
+    assert v3.gate_status == "passed"
+
+
+def test_a_promotion_forced_past_the_gate_shows_as_forced(registry: Registry,
+                                                          micro_versions: dict[str, Path],
+                                                          tmp_path: Path) -> None:
+    registry.create_gallery("shapes", "v1", by="ops", version="v2")
+    registry.register(copy_as(micro_versions["v1"], tmp_path / "v8", "v8"), by="tester")
+    assert registry.version("v8").gate_status == "none"
+    record = registry.promote("shapes", "v8", by="oncall", force=True, reason="hotfix")
+    event = record.history[-1]
+    assert (event.forced, event.overrides, event.by) == (True, ("gate",), "oncall")
+    v8 = registry.version("v8")
+    assert v8.gate_status == "forced" and v8.forced[0]["by"] == "oncall"
+    assert v8.forced[0]["at"] == event.at and v8.forced[0]["overrides"] == ["gate"]
+    # force on a version that passes everything skips nothing: not recorded as forced
+    calm = registry.promote("shapes", "v2", by="ops", force=True, reason="back")
+    assert calm.history[-1].forced is False and registry.version("v2").forced == ()
+
+
+def test_retiring_a_version(registry: Registry, micro_versions: dict[str, Path],
+                            tmp_path: Path) -> None:
+    registry.create_gallery("shapes", "v1", by="ops", version="v1")
+    registry.register(copy_as(micro_versions["v2"], tmp_path / "v5", "v5", parent="v2"),
+                      by="tester", gate={"passed": True})
+    registry.promote("shapes", "v2", by="ops")
+    registry.promote("shapes", "v5", by="ops")
+    with pytest.raises(Conflict, match="'v5' serves gallery 'shapes'"):
+        registry.delete_version("v5")
+    with pytest.raises(Conflict, match="parent of 'v5', which serves gallery 'shapes'"):
+        registry.delete_version("v2")
+    with pytest.raises(VersionNotFound):
+        registry.delete_version("nope")
+    revision = registry.revision()
+    assert registry.delete_version("v1").version_id == "v1"  # only in the history: retired
+    assert registry.revision() == revision + 1
+    assert [v.version_id for v in registry.versions()] == ["v2", "v3", "v5"]
+    assert sorted(p.name for p in (registry.root / "versions").iterdir()) == ["v2", "v3", "v5"]
+    with pytest.raises(VersionNotFound):
+        registry.rollback("shapes", "v1", by="ops")
+    assert register_gated(registry, micro_versions["v1"]).version_id == "v1"  # back again
+
+
+def test_deleting_a_gallery_leaves_a_tombstone_until_it_is_finished(
+        registry: Registry) -> None:
+    registry.create_gallery("shapes", "v1", by="ops", version="v1")
+    record = registry.retire_gallery("shapes", by="ops")
+    assert record.active == "v1" and registry.galleries() == []
+    with pytest.raises(GalleryNotFound):
+        registry.gallery("shapes")
+    with pytest.raises(Conflict, match="still being deleted"):
+        registry.create_gallery("shapes", "v1", by="ops", version="v1")
+    with pytest.raises(Conflict, match="still being deleted"):
+        registry.check_new_gallery("shapes")
+    assert registry.retire_gallery("shapes", by="ops") == record  # an interrupted one resumes
+    registry.forget_gallery("shapes")
+    registry.check_new_gallery("shapes")
+    assert registry.create_gallery("shapes", "v1", by="ops", version="v1").active == "v1"
+    with pytest.raises(GalleryNotFound):
+        registry.retire_gallery("nope", by="ops")
 
 
 def test_rollback_reactivates_any_earlier_version(registry: Registry) -> None:

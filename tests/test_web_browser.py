@@ -98,9 +98,11 @@ def live(tmp_path_factory: pytest.TempPathFactory, micro_versions: dict[str, Pat
     registry = Registry(settings.registry_dir)
     for vid in ("v1", "v3"):
         registry.register(micro_versions[vid], by="fixture")
-    registry.register(child_version(root / "art", "v1.1", "v1", 11, GATE), by="fixture")
+    # The gate reports stand in for gates the service ran (a manifest's is never trusted).
+    registry.register(child_version(root / "art", "v1.1", "v1", 11, GATE), by="fixture",
+                      gate=GATE)
     registry.register(child_version(root / "art", "v1.2", "v1.1", 12, {"passed": False}),
-                      by="fixture")
+                      by="fixture", gate={"passed": False})
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port,
                                            log_level="warning", access_log=False))
@@ -283,10 +285,20 @@ def test_promote_and_roll_back_from_the_page(page: Any, live: Live) -> None:
     page.click("#version-detail button:text('Promote v1.2')")  # its gate failed: refused
     page.wait_for_selector("#models-status.error")
     assert "gate" in page.text_content("#models-status").lower()
+    # Forced past the gate with a reason: shown as forced, with who, wherever a gate shows.
+    page.fill("#version-detail input[name=reason]", "drill")
+    page.check("#version-detail input[name=force]")
+    page.click("#version-detail button:text('Promote v1.2')")
+    active = page.locator("#galleries tr[data-gallery=shapes] .active-version")
+    expect(active).to_have_text("v1.2")
+    expect(page.locator("#lineage button[data-version='v1.2']")).to_contain_text("gate forced")
+    page.click("#lineage button[data-version='v1.2']")
+    expect(page.locator("#version-detail h2")).to_contain_text("gate forced")
+    assert "into shapes by ops" in page.text_content("#version-detail ul.forced")
+    assert "FORCED (skipped: gate)" in page.text_content("#galleries tr[data-gallery=shapes]")
     page.click("#lineage button[data-version='v1.1']")
     page.fill("#version-detail input[name=reason]", "browser test")
     page.click("#version-detail button:text('Promote v1.1')")
-    active = page.locator("#galleries tr[data-gallery=shapes] .active-version")
     expect(active).to_have_text("v1.1")
     assert "now served by v1.1" in page.text_content("#models-status")
     page.click("#lineage button[data-version='v1']")

@@ -1,9 +1,11 @@
 """Jobs end to end: the HTTP API, a real Redis, a real Celery worker process (no eager
-mode), tiny real models. Also the embedded (filesystem) broker, SIGKILL, 503 and 422."""
+mode), tiny real models. Also the embedded (filesystem) broker, SIGKILL, 503 (no broker,
+no live worker) and 422 (bad parameters, paths outside the allowed roots)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -21,6 +23,7 @@ from fastapi.testclient import TestClient
 from service.api.app import create_app
 from service.stack.launch import stop
 from service.state.config import Settings
+from service.state.jobs.workers import live_workers, write_beat
 from service.state.registry import Registry
 from training.data import write_dataset
 
@@ -46,10 +49,11 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def job_settings(data: Path, broker: bool, queue: str) -> dict[str, str]:
-    """What the gateway and the worker share (as NOBACKFILL_* values)."""
-    values = {"data_dir": str(data), "training_queue": queue, "job_heartbeat_s": "0.3",
-              "device": "cpu"}
+def job_settings(data: Path, datasets: Path, broker: bool, queue: str) -> dict[str, str]:
+    """What the gateway and the worker share (as NOBACKFILL_* values); ``datasets`` is the
+    allowed root the jobs' datasets lie under."""
+    values = {"data_dir": str(data), "datasets_dir": str(datasets), "training_queue": queue,
+              "job_heartbeat_s": "0.3", "device": "cpu"}
     if broker:
         values |= {"broker_url": f"{REDIS}/0", "result_backend": f"{REDIS}/1"}
     return values
@@ -136,7 +140,7 @@ def served_version(client: TestClient) -> str:
 # ---------------------------------------------------------------- the Redis path
 def test_jobs_run_gate_and_promote_through_a_real_worker(micro_versions, world, tmp_path) -> None:
     redis_up()
-    values = job_settings(tmp_path / "data", broker=True, queue=f"test-{uuid.uuid4().hex}")
+    values = job_settings(tmp_path / "data", world, broker=True, queue=f"test-{uuid.uuid4().hex}")
     with gateway(values, micro_versions, world) as client, \
             worker_process(values, tmp_path / "worker.log") as proc:
         # A tiny continual phase: progress, a passing gate, auto-promotion, a swap.
@@ -183,7 +187,7 @@ def test_jobs_run_gate_and_promote_through_a_real_worker(micro_versions, world, 
 
 def test_cancel_a_running_job_leaves_no_version(micro_versions, world, tmp_path) -> None:
     redis_up()
-    values = job_settings(tmp_path / "data", broker=True, queue=f"test-{uuid.uuid4().hex}")
+    values = job_settings(tmp_path / "data", world, broker=True, queue=f"test-{uuid.uuid4().hex}")
     with gateway(values, micro_versions, world) as client, \
             worker_process(values, tmp_path / "worker.log") as proc:
         long = submit(client, "continual", continual(world, steps=100_000))
@@ -204,7 +208,7 @@ def test_cancel_a_running_job_leaves_no_version(micro_versions, world, tmp_path)
 def test_sigkill_mid_training_fails_the_job_and_changes_nothing(micro_versions, world,
                                                                 tmp_path) -> None:
     redis_up()
-    values = job_settings(tmp_path / "data", broker=True, queue=f"test-{uuid.uuid4().hex}")
+    values = job_settings(tmp_path / "data", world, broker=True, queue=f"test-{uuid.uuid4().hex}")
     with gateway(values, micro_versions, world, job_stale_after_s=2.0) as client:
         registry = Registry(Path(values["data_dir"]) / "registry")
         before = (registry.versions(), registry.gallery("shapes").active)
@@ -223,9 +227,10 @@ def test_sigkill_mid_training_fails_the_job_and_changes_nothing(micro_versions, 
 
 
 def test_unreachable_broker_is_503_and_creates_nothing(micro_versions, world, tmp_path) -> None:
-    values = job_settings(tmp_path / "data", broker=False, queue="training")
+    values = job_settings(tmp_path / "data", world, broker=False, queue="training")
     values |= {"broker_url": "redis://127.0.0.1:1/0", "broker_timeout_s": "1"}
     with gateway(values, micro_versions, world) as client:
+        write_beat(client.app.state.gateway.settings, "elsewhere@host", "now")  # one is live
         r = client.post("/v1/jobs", headers=ADMIN, json={
             "kind": "continual", "gallery": "shapes", "params": continual(world)})
         assert r.status_code == 503, r.text
@@ -233,9 +238,32 @@ def test_unreachable_broker_is_503_and_creates_nothing(micro_versions, world, tm
         assert client.get("/v1/jobs", headers=ADMIN).json() == []
 
 
+def test_no_live_worker_is_503_and_nothing_is_queued(micro_versions, world, tmp_path) -> None:
+    values = job_settings(tmp_path / "data", world, broker=False, queue="training")
+    values["worker_stale_after_s"] = "1"
+    queue = tmp_path / "data" / "broker" / "queue"
+    body = {"kind": "evaluate", "gallery": "shapes", "params": {"version": "v1"}}
+    with gateway(values, micro_versions, world) as client:
+        r = client.post("/v1/jobs", headers=ADMIN, json=body)
+        assert r.status_code == 503, r.text
+        assert "no worker has been seen" in r.json()["error"]["message"]
+        assert client.get("/v1/jobs", headers=ADMIN).json() == []
+        assert not queue.exists() or list(queue.iterdir()) == []  # nothing queued
+        settings = client.app.state.gateway.settings
+        write_beat(settings, "gpu0@host", "now")  # what a worker does when it is ready
+        assert [b.name for b in live_workers(settings)] == ["gpu0@host"]
+        assert submit(client, "evaluate", {"version": "v1"})["status"] == "queued"
+        time.sleep(1.3)  # the worker died silently: its record ages past the limit
+        assert live_workers(settings) == []
+        r = client.post("/v1/jobs", headers=ADMIN, json=body)
+        assert r.status_code == 503 and "gpu0@host" in r.json()["error"]["message"]
+        assert len(client.get("/v1/jobs", headers=ADMIN).json()) == 1
+
+
 @pytest.mark.parametrize("kind,params,needle", [
     ("continual", {"method": "sgd-magic", "data": "WORLD"}, "known methods"),
-    ("continual", {"method": "seqft", "data": "/no/such/dataset"}, "no dataset at"),
+    ("continual", {"method": "seqft", "data": "/no/such/dataset"}, "outside the allowed"),
+    ("continual", {"method": "seqft", "data": "WORLD/missing"}, "no dataset at"),
     ("continual", {"method": "seqft", "data": "WORLD", "base": "v9"}, "'v9' is not registered"),
     ("continual", {"method": "seqft", "data": "WORLD", "config": {"alpha": 1}}, "no field"),
     ("continual", {"data": "WORLD"}, "params.method"),
@@ -252,9 +280,10 @@ def test_unreachable_broker_is_503_and_creates_nothing(micro_versions, world, tm
 def test_bad_job_parameters_are_422_before_anything_is_queued(
         kind, params, needle, micro_versions, world, tmp_path) -> None:
     # The broker is unreachable: a 422 proves the check came first, and nothing is queued.
-    values = job_settings(tmp_path / "data", broker=False, queue="training")
+    values = job_settings(tmp_path / "data", world, broker=False, queue="training")
     values |= {"broker_url": "redis://127.0.0.1:1/0"}
-    params = {k: (str(world) if v == "WORLD" else v) for k, v in params.items()}
+    params = {k: (v.replace("WORLD", str(world)) if isinstance(v, str) else v)
+              for k, v in params.items()}
     with gateway(values, micro_versions, world) as client:
         r = client.post("/v1/jobs", headers=ADMIN,
                         json={"kind": kind, "gallery": "shapes", "params": params})
@@ -266,8 +295,69 @@ def test_bad_job_parameters_are_422_before_anything_is_queued(
         assert client.get("/v1/jobs", headers=ADMIN).json() == []
 
 
+@pytest.fixture(scope="module")
+def escapes(world: Path) -> Path:
+    """Files inside the allowed root that try to point out of it."""
+    bad = world / "bad"
+    bad.mkdir()
+    (bad / "passwd.jsonl").write_text(json.dumps({"image": "/etc/passwd", "caption": "x"}))
+    (bad / "up.csv").write_text("image,caption\n../../../../../../etc/hostname,x\n")
+    (bad / "notes.json").write_text("{}")
+    (bad / "etc").symlink_to("/etc")
+    return bad
+
+
+def test_paths_outside_the_allowed_roots_are_422_and_nothing_is_queued(
+        micro_versions, world, escapes, tmp_path) -> None:
+    values = job_settings(tmp_path / "data", world, broker=False, queue="training")
+    long = "/" + "x" * 5000
+    cases = [
+        ("continual", {"method": "seqft", "data": "/etc"}, "outside the allowed roots"),
+        ("continual", {"method": "seqft", "data": "/proc/self/environ"}, "outside the allowed"),
+        ("continual", {"method": "seqft", "data": f"{world}/../.."}, "outside the allowed"),
+        ("continual", {"method": "seqft", "data": str(escapes / "etc")}, "outside the allowed"),
+        ("continual", {"method": "seqft", "data": str(escapes / "passwd.jsonl")},
+         "image '/etc/passwd' is outside"),
+        ("continual", {"method": "seqft", "data": str(escapes / "up.csv")}, "line 2: image"),
+        ("continual", {"method": "seqft", "data": str(escapes / "notes.json")},
+         "is not a dataset"),
+        ("continual", {"method": "seqft", "data": str(world), "validation": "/etc"},
+         "validation: '/etc' is outside"),
+        ("continual", {"method": "seqft", "data": long}, "outside the allowed"),
+        ("xbt", {"new": {"version": "v3"}, "corpus": "/proc/self/environ",
+                 "pairs": str(world)}, "corpus"),
+        ("xbt", {"new": {"arch": "ViT-B-32", "checkpoint": "/etc/passwd"},
+                 "corpus": "synth:10", "pairs": str(world)}, "new.checkpoint"),
+        ("xbt", {"new": {"model_config": "/etc/hostname"}, "corpus": "synth:10",
+                 "pairs": str(world)}, "new.model_config"),
+        ("evaluate", {"version": "v1", "validation": str(escapes / "passwd.jsonl")},
+         "outside"),
+        ("ingest", {"manifest": "/proc/self/environ"}, "manifest: '/proc/self/environ'"),
+    ]
+    with gateway(values, micro_versions, world) as client:
+        write_beat(client.app.state.gateway.settings, "gpu0@host", "now")
+        for kind, params, needle in cases:
+            r = client.post("/v1/jobs", headers=ADMIN,
+                            json={"kind": kind, "gallery": "shapes", "params": params})
+            assert r.status_code == 422, (params, r.text)
+            message = r.json()["error"]["message"]
+            assert needle in message and len(message) < 600, (needle, message)
+        r = client.post("/v1/galleries", headers=ADMIN, json={
+            "name": "leaky", "space": "v1", "version": "v1", "validation": "/etc"})
+        assert r.status_code == 422 and "outside the allowed" in r.text
+        r = client.post("/v1/galleries", headers=ADMIN, json={
+            "name": "leaky", "space": "v1", "version": "v1",
+            "validation": "/proc/self/environ"})
+        assert r.status_code == 422 and "outside the allowed" in r.text
+        assert client.get("/v1/jobs", headers=ADMIN).json() == []
+        assert "leaky" not in [g["name"] for g in client.get("/v1/galleries",
+                                                              headers=ADMIN).json()]
+    queue = tmp_path / "data" / "broker" / "queue"
+    assert not queue.exists() or not any(queue.iterdir())
+
+
 def test_job_routes_are_admin_only(micro_versions, world, tmp_path) -> None:
-    values = job_settings(tmp_path / "data", broker=False, queue="training")
+    values = job_settings(tmp_path / "data", world, broker=False, queue="training")
     with gateway(values, micro_versions, world) as client:
         assert client.get("/v1/jobs").status_code == 401
         assert client.post("/v1/jobs", json={"kind": "evaluate", "gallery": "shapes",
@@ -278,7 +368,7 @@ def test_job_routes_are_admin_only(micro_versions, world, tmp_path) -> None:
 
 # ---------------------------------------------------------------- the embedded broker
 def test_embedded_filesystem_broker_runs_the_same_job(micro_versions, world, tmp_path) -> None:
-    values = job_settings(tmp_path / "data", broker=False, queue="training")
+    values = job_settings(tmp_path / "data", world, broker=False, queue="training")
     with gateway(values, micro_versions, world) as client, \
             worker_process(values, tmp_path / "worker.log") as proc:
         first = submit(client, "continual", continual(world, steps=2), auto_promote=True)

@@ -17,7 +17,6 @@ def gate_report(ctx: JobContext, registry: Registry, gallery: GalleryRecord,
     """The gate on the gallery's held-out validation set against its active version
     (``training.gate``); a gallery without one gets a failing report that says so. A
     phase's new domain or new language is checked for gain, the rest for retention."""
-    from training.data import open_dataset
     from training.gate import GateCriterion, run_gate
 
     validation = ctx.job.params.get("validation") or gallery.validation
@@ -28,9 +27,11 @@ def gate_report(ctx: JobContext, registry: Registry, gallery: GalleryRecord,
     criterion = GateCriterion(
         margin=ctx.settings.gate_margin, new_domain=new_domain, new_language=new_language,
         retention_limit=ctx.settings.gate_retention_limit if new_domain or new_language
-        else None)
+        else None,
+        max_negative_flip=ctx.settings.gate_max_negative_flip)
     incumbent = registry.artifact(gallery.active)
-    return run_gate(candidate, incumbent, open_dataset(validation), criterion)
+    return run_gate(candidate, incumbent, ctx.open_dataset(validation, "validation"),
+                    criterion)
 
 
 def admit(ctx: JobContext, candidate: Artifact, new_domain: str | None = None,

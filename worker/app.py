@@ -17,12 +17,14 @@ from celery import Celery, signals
 from service.state.config import Settings
 from service.state.jobs.broker import celery_config
 from service.state.jobs.store import JobStore
+from service.state.jobs.workers import Heartbeat
 
 log = logging.getLogger(__name__)
 settings = Settings()
 
 app = Celery("nobackfill", include=["worker.tasks"])
 app.conf.update(celery_config(settings))
+_liveness: list[Heartbeat] = []  # this process's liveness record, while it consumes jobs
 
 
 def node_name() -> str:
@@ -39,3 +41,21 @@ def _fail_jobs_of_a_previous_life(sender: Any = None, **_: Any) -> None:
     if reaped:
         log.warning("failed %d job(s) left running by a previous life of %s: %s",
                     len(reaped), name, reaped)
+
+
+@signals.worker_ready.connect
+def _start_liveness(sender: Any = None, **_: Any) -> None:
+    """Announce this worker to the gateways (``service.state.jobs.workers``): they accept
+    jobs only while some worker's record is fresh. Written before Celery logs "ready"."""
+    name = getattr(sender, "hostname", None) or node_name()
+    beat = Heartbeat(settings, name)
+    beat.start()
+    _liveness.append(beat)
+    log.info("liveness record of %s written every %.0fs", name, settings.worker_heartbeat_s)
+
+
+@signals.worker_shutdown.connect
+def _stop_liveness(**_: Any) -> None:
+    """A clean stop withdraws the record at once; a killed worker's record goes stale."""
+    while _liveness:
+        _liveness.pop().stop()

@@ -11,6 +11,7 @@ from typing import Any
 
 from service.state.config import Settings
 from service.state.jobs.store import Job, JobStore
+from service.state.paths import Roots
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,14 @@ class JobContext:
     settings: Settings
     store: JobStore
     heartbeat: Heartbeat
+
+    def open_dataset(self, path: str, name: str) -> Any:
+        """The dataset at ``path``, once it and every image its manifest names are checked
+        to lie under the allowed roots again: the gateway checked at submission, but the
+        manifest may have changed since (InvalidInput fails the job before any read)."""
+        from training.data import open_dataset
+
+        return open_dataset(Roots.of(self.settings).dataset(path, name))
 
     @property
     def out(self) -> Any:

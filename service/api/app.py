@@ -11,13 +11,16 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI
 
 import training
 from service.api import errors
-from service.api.middleware import ObserveRequests
+from service.api.middleware import GuardBodies, ObserveRequests
 from service.api.routes import galleries, health, items, jobs, models, search, web
+from service.api.schemas.errors import ANY, API, BODY, error_responses
+from service.api.schemas.search import state_top_k_max
 from service.runtime.gateway import open_gateway
 from service.runtime.metrics import Metrics
 from service.runtime.serving import EncoderLoader, Runtime
@@ -26,6 +29,10 @@ from service.runtime.watcher import watch_registry
 from service.state.config import Settings
 
 log = logging.getLogger(__name__)
+# The error statuses each router's operations may answer, declared in the OpenAPI document
+# with the error body; routes add their own (415 where a body may be JSON or multipart).
+ROUTERS = ((search, (*API, 409)), (galleries, (*API, *BODY)), (items, (*API, *BODY)),
+           (models, (*API, *BODY)), (jobs, (*API, *BODY)), (health, ANY), (web, ()))
 
 
 def create_app(settings: Settings | None = None, load: EncoderLoader | None = None) -> FastAPI:
@@ -55,12 +62,30 @@ def create_app(settings: Settings | None = None, load: EncoderLoader | None = No
 
     app = FastAPI(title="nobackfill gateway", version=training.__version__, lifespan=lifespan,
                   description="Search galleries across model upgrades without re-embedding.")
-    app.add_middleware(ObserveRequests, metrics=metrics,
-                       max_request_bytes=settings.max_request_bytes)
+    # Added first, so inside ObserveRequests: its 413s and 401s are counted too.
+    app.add_middleware(GuardBodies, max_request_bytes=settings.max_request_bytes,
+                       max_json_bytes=settings.max_json_bytes)
+    app.add_middleware(ObserveRequests, metrics=metrics)
     errors.install(app)
-    for routes in (search, galleries, items, models, jobs, health, web):
-        app.include_router(routes.router)
+    for routes, statuses in ROUTERS:
+        app.include_router(routes.router, responses=error_responses(*statuses))
+    document_settings(app, settings)
     return app
+
+
+def document_settings(app: FastAPI, settings: Settings) -> None:
+    """The OpenAPI document states this server's limits that are settings (top_k_max):
+    the request models are static classes, the document is built once, lazily."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        fresh = app.openapi_schema is None
+        document = build()
+        if fresh:
+            state_top_k_max(document, settings.top_k_max)
+        return document
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 async def _first_refresh(runtime: Runtime) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import Request
 from starlette.datastructures import FormData, UploadFile
 
-from service.state.errors import InvalidInput, TooLarge, UnsupportedMedia
+from service.state.errors import InvalidInput, TooLarge, UnsupportedMedia, shown
 
 JSON = "application/json"
 MULTIPART = "multipart/form-data"
@@ -25,7 +25,7 @@ def is_form(request: Request) -> bool:
     """True for a form body, False for JSON; 415 for anything else."""
     kind = media_type(request)
     if kind not in (JSON, MULTIPART, URLENCODED, "") and not kind.endswith("+json"):
-        raise UnsupportedMedia(f"send {JSON} or {MULTIPART}, not {kind!r}")
+        raise UnsupportedMedia(f"send {JSON} or {MULTIPART}, not '{shown(kind)}'")
     return kind in (MULTIPART, URLENCODED)
 
 
@@ -57,5 +57,6 @@ def files(form: FormData, name: str) -> list[UploadFile]:
 async def file_bytes(upload: UploadFile, max_bytes: int) -> bytes:
     data = await upload.read(max_bytes + 1)
     if len(data) > max_bytes:
-        raise TooLarge(f"upload '{upload.filename}' is over the {max_bytes}-byte limit")
+        raise TooLarge(f"upload '{shown(upload.filename)}' is over the {max_bytes}-byte "
+                       "limit")
     return data

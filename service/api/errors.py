@@ -1,4 +1,7 @@
-"""Errors become one JSON shape, ``{"error": {"code", "message"}}``, mapped here once."""
+"""Errors become one JSON shape, ``{"error": {"code", "message"}}``, mapped here once.
+
+Whatever a message repeats of the request (a field name, a dict key, a library's text)
+goes through ``shown``: bounded and printable, never a whole 5,000-character input."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 from service.state import errors as e
-from service.state.errors import ServiceError
+from service.state.errors import ServiceError, shown
 from training.errors import NobackfillError
 
 log = logging.getLogger(__name__)
@@ -20,8 +23,12 @@ STATUS: dict[type[ServiceError], int] = {
     e.NotFound: 404, e.Conflict: 409, e.InvalidInput: 422, e.TooLarge: 413,
     e.UnsupportedMedia: 415, e.Unauthorized: 401, e.Unavailable: 503, e.RegistryError: 500,
 }
-HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed",
-              413: "too_large", 415: "unsupported_media_type", 422: "invalid_request"}
+HTTP_CODES = {400: "bad_request", 401: "unauthorized", 404: "not_found",
+              405: "method_not_allowed", 413: "too_large", 415: "unsupported_media_type",
+              422: "invalid_request"}
+MESSAGE_CHARS = 200  # pydantic's messages quote patterns and choices, never the input
+LIBRARY_CHARS = 300  # the ML library names the artifact path it could not read
+MAX_DETAILS = 20  # a 10,000-item body can fail 10,000 times; the first few say enough
 
 
 def error_response(status: int, code: str, message: str,
@@ -46,13 +53,14 @@ async def on_service_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def on_library_error(request: Request, exc: Exception) -> JSONResponse:
     """The ML library rejected an artifact or model spec we were asked to use."""
-    return error_response(422, "invalid_artifact", str(exc))
+    return error_response(422, "invalid_artifact", shown(exc, LIBRARY_CHARS))
 
 
 async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, (RequestValidationError, ValidationError))
-    details = [{"loc": [str(p) for p in err.get("loc", ())], "msg": str(err.get("msg", "")),
-                "type": str(err.get("type", ""))} for err in exc.errors()]
+    details = [{"loc": [shown(p) for p in err.get("loc", ())],
+                "msg": shown(err.get("msg", ""), MESSAGE_CHARS),
+                "type": shown(err.get("type", ""))} for err in exc.errors()[:MAX_DETAILS]]
     first = details[0] if details else {"loc": [], "msg": "invalid request"}
     where = ".".join(first["loc"]) or "body"
     return error_response(422, "invalid_request", f"{where}: {first['msg']}", details)

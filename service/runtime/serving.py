@@ -17,7 +17,13 @@ from dataclasses import dataclass, field, replace
 
 from service.runtime.embedder import Batching, Embedder
 from service.runtime.metrics import Metrics
-from service.state.errors import GalleryNotFound, ServiceError, SpaceMismatch, Unavailable
+from service.state.errors import (
+    GalleryNotFound,
+    ServiceError,
+    SpaceMismatch,
+    Unavailable,
+    shown,
+)
 from service.state.registry import GalleryRecord, Registry, VersionRecord
 from training.artifacts import Artifact
 from training.encoders import Encoder
@@ -74,7 +80,7 @@ class Runtime:
         """The gallery's current ``Serving``; keep it for the whole request."""
         found = self._snapshot.galleries.get(gallery)
         if found is None:
-            raise GalleryNotFound(f"gallery '{gallery}' does not exist")
+            raise GalleryNotFound(f"gallery '{shown(gallery)}' does not exist")
         return found
 
     async def refresh(self) -> bool:

@@ -2,8 +2,9 @@
 
 Bootstraps a demo on first start (``service.stack.bootstrap``), starts one embedded worker
 (``python -m worker``, a child process on the same settings: filesystem broker unless
-``NOBACKFILL_BROKER_URL`` is set), then runs the gateway in the foreground. Ctrl-C
-or SIGTERM stops both.
+``NOBACKFILL_BROKER_URL`` is set) under a supervisor that restarts it whenever it exits
+(``service.stack.supervisor``: exponential backoff, every exit logged with its code),
+then runs the gateway in the foreground. Ctrl-C or SIGTERM stops all three.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import httpx
 
 from service.__main__ import main as run_gateway
 from service.stack.bootstrap import bootstrap
+from service.stack.supervisor import Supervisor
 from service.state.config import Settings
 
 log = logging.getLogger("nobackfill.launch")
@@ -40,11 +42,12 @@ def child_env(env: Env | None) -> dict[str, str]:
 
 def start_worker(env: Env | None = None, log_file: Path | None = None) -> subprocess.Popen:
     """``python -m worker`` as a child in its own session (``stop`` ends it and its pool);
-    ``env`` adds settings, ``log_file`` takes its output (default: this process's)."""
+    ``env`` adds settings, ``log_file`` takes its output (appended: a restarted worker
+    keeps its predecessor's lines; default: this process's)."""
     env = child_env(env)
     env.setdefault("NOBACKFILL_WORKER_NAME", "embedded@localhost")
     log.info("starting the embedded worker (python -m worker)")
-    out = open(log_file, "w") if log_file else None  # noqa: SIM115 (the child keeps it)
+    out = open(log_file, "a") if log_file else None  # noqa: SIM115 (the child keeps it)
     try:
         proc = subprocess.Popen([sys.executable, "-m", "worker"], env=env, cwd=REPO,
                                 start_new_session=True, stdout=out,
@@ -119,12 +122,18 @@ def main() -> None:
     # SIGTERM action would end this process there and orphan the worker.
     signal.signal(signal.SIGTERM, _exit_on_signal)
     bootstrap(settings)
-    worker = start_worker()
+    worker = supervised_worker().start()
     try:
         log.info("gateway on http://%s:%d/ (API docs at /docs)", settings.host, settings.port)
         run_gateway()
     finally:
-        stop(worker)
+        worker.stop()
+
+
+def supervised_worker(env: Env | None = None, log_file: Path | None = None,
+                      **backoff: float) -> Supervisor:
+    """The embedded worker under a supervisor (not started yet); ``backoff`` tunes it."""
+    return Supervisor("embedded worker", lambda: start_worker(env, log_file), stop, **backoff)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ only part of ``service`` a worker imports (``tests/test_layout.py`` checks it).
 - ``gallery/``    Qdrant access (one collection per gallery behind an alias) and the one
                   ingest pipeline and payload schema every path that stores items uses
 - ``jobs/``       job records, the table of job kinds and their parameter checks, the
-                  Celery wiring (task name, queue, broker)
+                  Celery wiring (task name, queue, broker), the workers' liveness records
+- ``paths``       the allowed roots: every path a request names must lie under one
 - ``thumbnails``  PNG thumbnails of ingested images beside the vectors
 
 Nothing here imports FastAPI, Celery workers or the runtime.

@@ -6,10 +6,13 @@ where things are (paths, URLs), who may call (keys) and how the process behaves.
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
+from typing import Annotated, Any
 
-from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 MEMORY = ":memory:"
 
@@ -24,6 +27,13 @@ class Settings(BaseSettings):
     qdrant_api_key: SecretStr | None = None
     qdrant_path: str | None = Field(
         None, description="embedded Qdrant path (default DATA_DIR/qdrant) or ':memory:'")
+    datasets_dir: Path | None = Field(
+        None, description="where datasets (manifests and their images) and model sources live; "
+        "default DATA_DIR/datasets")
+    allowed_roots: Annotated[tuple[Path, ...], NoDecode] = Field(
+        (), description="more directories that paths in requests (datasets, validation sets, "
+        "corpora, checkpoints, model sources) may name, besides DATA_DIR, the registry and "
+        "DATASETS_DIR: a JSON list, or paths separated by ':'")
     admin_api_keys: dict[str, SecretStr] = Field(
         default_factory=dict,
         description='JSON object name -> key, e.g. {"ops": "s3cret"}; the name is recorded '
@@ -36,7 +46,13 @@ class Settings(BaseSettings):
     top_k_max: int = Field(100, ge=1, le=10_000)
     max_image_pixels: int = Field(40_000_000, ge=1, description="larger images get 413")
     max_image_bytes: int = Field(20 * 2**20, ge=1, description="larger uploads get 413")
-    max_request_bytes: int = Field(256 * 2**20, ge=1, description="by Content-Length, 413")
+    max_request_bytes: int = Field(
+        256 * 2**20, ge=1, description="multipart/form-data request bodies (image uploads): "
+        "larger ones get 413, counted as they arrive (chunked ones too); also caps every body")
+    max_json_bytes: int = Field(
+        8 * 2**20, ge=1, description="every other request body (JSON, forms without files): "
+        "larger ones get 413; a JSON body is read whole into memory, so send large images "
+        "as multipart/form-data")
     ingest_max_items: int = Field(256, ge=1, description="items per ingest request")
     keep_warm_versions: int = Field(
         1, ge=0, description="retired versions kept loaded so a rollback swaps at once")
@@ -61,11 +77,21 @@ class Settings(BaseSettings):
         2.0, gt=0, description="how often a running job writes its progress and heartbeat")
     job_stale_after_s: float = Field(
         60.0, gt=0, description="a running job silent this long is failed as 'worker lost'")
+    worker_heartbeat_s: float = Field(
+        5.0, gt=0, description="how often a worker writes its liveness record "
+        "(REGISTRY_ROOT/workers)")
+    worker_stale_after_s: float = Field(
+        30.0, gt=0, description="job submission answers 503 when no worker has written its "
+        "liveness record for this long")
     gate_margin: float = Field(
         0.0, ge=0, le=1, description="the gate needs new->old R@1 >= old->old R@1 + margin")
     gate_retention_limit: float = Field(
         0.02, ge=0, le=1, description="continual phases: largest allowed R@1 drop on the "
         "gallery's old domains (validation items outside the phase's domain)")
+    gate_max_negative_flip: float | None = Field(
+        None, ge=0, le=1, description="largest allowed negative-flip rate per direction (the "
+        "fraction of validation queries whose top-1 was relevant under old->old and is not "
+        "under new->old); unset: reported, not bounded")
     # First start of the embedded default (`make serve`): a demo to look at.
     bootstrap: bool = Field(
         True, description="when the registry is empty at start: train (or register) v1, "
@@ -81,9 +107,29 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
 
+    @field_validator("allowed_roots", mode="before")
+    @classmethod
+    def _split_roots(cls, value: Any) -> Any:
+        """One env value carries several paths: a JSON list, or ':'-separated like PATH."""
+        if not isinstance(value, str):
+            return value
+        text = value.strip()
+        if text.startswith("["):
+            return json.loads(text)
+        return [part for part in text.split(os.pathsep) if part]
+
     @property
     def registry_dir(self) -> Path:
         return self.registry_root or self.data_dir / "registry"
+
+    @property
+    def datasets_root(self) -> Path:
+        return self.datasets_dir or self.data_dir / "datasets"
+
+    @property
+    def path_roots(self) -> tuple[Path, ...]:
+        """Every directory a path named in a request may lie under (``service.state.paths``)."""
+        return (self.data_dir, self.registry_dir, self.datasets_root, *self.allowed_roots)
 
     @property
     def qdrant_location(self) -> str:

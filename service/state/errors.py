@@ -3,6 +3,18 @@ maps each class to a status code once (``service/api/errors.py``)."""
 
 from __future__ import annotations
 
+SHOWN_CHARS = 64
+
+
+def shown(value: object, limit: int = SHOWN_CHARS) -> str:
+    """A caller-given value as an error message may echo it: at most ``limit`` characters
+    (then an ellipsis) with control characters and lone surrogates as ``?``. Every message
+    that repeats input goes through here, so a 5,000-character name or a binary header
+    never comes back whole, and a message stays one short printable line."""
+    text = str(value)
+    cut = text[:limit] + ("\u2026" if len(text) > limit else "")
+    return "".join(c if c.isprintable() else "?" for c in cut)
+
 
 class ServiceError(Exception):
     """Base of every error the gateway raises on purpose; ``code`` is stable for clients."""

@@ -13,6 +13,7 @@ import hashlib
 import io
 import logging
 import os
+import shutil
 import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -88,6 +89,18 @@ class ThumbnailStore:
             path = self.path(gallery, item_id)
             if path is not None:
                 path.unlink(missing_ok=True)
+
+    def drop(self, gallery: str) -> None:
+        """Remove every thumbnail of a deleted gallery: the directory is renamed aside in one
+        step (the page sees all of them or none), then deleted."""
+        if not GALLERY_NAME.match(gallery):
+            return
+        trash = self.root / f".deleted-{gallery}-{uuid.uuid4().hex[:8]}"
+        try:
+            os.rename(self.root / gallery, trash)
+        except FileNotFoundError:
+            return
+        shutil.rmtree(trash, ignore_errors=True)
 
     def replace(self, gallery: str, thumbnails: Mapping[str, bytes | None]) -> None:
         """After an upsert: save each item's new thumbnail, or drop the old one when the

@@ -1,5 +1,6 @@
 """Galleries: create one (load the version that will serve it to learn its vector width,
-create the Qdrant collection, then record it in the registry), list them, read one."""
+create the Qdrant collection, then record it in the registry), list them, read one,
+delete one (the registry record first, then the collection and the thumbnails)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from dataclasses import dataclass
 
 from service.runtime.gateway import Gateway
 from service.runtime.serving import Serving
-from service.state.errors import AlreadyExists, NotFound
+from service.state.errors import Conflict, NotFound
+from service.state.paths import Roots
 from service.state.registry import GalleryRecord
+from service.state.thumbnails import ThumbnailStore
 
 
 @dataclass(frozen=True)
@@ -22,9 +25,9 @@ class Gallery:
 async def create_gallery(gateway: Gateway, name: str, space: str, version: str | None,
                          by: str, validation: str | None = None) -> Gallery:
     registry = gateway.registry
-    registry.check_gallery_name(name)
-    if name in {g.name for g in await asyncio.to_thread(registry.galleries)}:
-        raise AlreadyExists(f"gallery '{name}' already exists")
+    await asyncio.to_thread(registry.check_new_gallery, name)
+    if validation is not None:  # the gate reads it in a worker: only under the allowed roots
+        await asyncio.to_thread(Roots.of(gateway.settings).dataset, validation, "validation")
     chosen = version or (await asyncio.to_thread(registry.default_version, space)).version_id
     embedder = await gateway.runtime.embedder(chosen, space)
     await asyncio.to_thread(gateway.store.create, name, embedder.dim)
@@ -44,6 +47,24 @@ async def get_gallery(gateway: Gateway, name: str) -> Gallery:
     record = await asyncio.to_thread(gateway.registry.gallery, name)
     items = await asyncio.to_thread(gateway.store.count, name)
     return Gallery(record, _serving(gateway, name), items)
+
+
+async def delete_gallery(gateway: Gateway, name: str, by: str) -> GalleryRecord:
+    """Delete a gallery: Conflict while a job for it is queued or running; otherwise its
+    registry record goes first (so no replica lists or serves it, and it is never recorded
+    without a collection), then its Qdrant collection and alias, then its thumbnails, and
+    last the registry's tombstone. Repeating an interrupted delete finishes it."""
+    busy = [j.id for j in await asyncio.to_thread(gateway.jobs.list)
+            if j.gallery == name and not j.finished]
+    if busy:
+        raise Conflict(f"gallery '{name}' has unfinished jobs ({', '.join(busy[:5])}); "
+                       f"cancel them or let them finish, then delete it")
+    record = await asyncio.to_thread(gateway.registry.retire_gallery, name, by=by)
+    await gateway.runtime.refresh()  # this replica stops serving it before it goes
+    await asyncio.to_thread(gateway.store.drop, name)
+    await asyncio.to_thread(ThumbnailStore.of(gateway.settings).drop, name)
+    await asyncio.to_thread(gateway.registry.forget_gallery, name)
+    return record
 
 
 def _serving(gateway: Gateway, gallery: str) -> Serving | None:

@@ -1,5 +1,10 @@
 """Is this gateway ready (models loaded for every gallery, Qdrant reachable), and its
-Prometheus metrics."""
+Prometheus metrics.
+
+What a caller learns depends on its key: anyone learns ready or not (a load balancer needs
+no key), only a read or admin key learns which galleries and versions serve and why a
+replica is not ready (gallery names, version ids and error texts describe the deployment).
+"""
 
 from __future__ import annotations
 
@@ -9,13 +14,23 @@ from typing import Any
 from service.runtime.gateway import Gateway
 from service.state.errors import Unavailable
 
+NOT_READY = "not ready; a read or admin key shows why"
 
-async def readiness(gateway: Gateway) -> dict[str, Any]:
-    """What serves each gallery; Unavailable (503) naming every problem otherwise."""
+
+async def readiness(gateway: Gateway, detailed: bool) -> dict[str, Any]:
+    """``{"status": "ready"}`` (with ``revision`` and ``galleries`` when ``detailed``), or
+    Unavailable (503), naming every problem only when ``detailed``."""
     problems = gateway.runtime.not_ready()
     if problems:
-        raise Unavailable("not ready: " + "; ".join(problems))
-    await asyncio.to_thread(gateway.store.ping)  # 503 when Qdrant is unreachable
+        raise Unavailable("not ready: " + "; ".join(problems) if detailed else NOT_READY)
+    try:
+        await asyncio.to_thread(gateway.store.ping)  # 503 when Qdrant is unreachable
+    except Unavailable as exc:
+        if detailed:
+            raise
+        raise Unavailable(NOT_READY) from exc
+    if not detailed:
+        return {"status": "ready"}
     snapshot = gateway.runtime.snapshot
     return {"status": "ready", "revision": snapshot.revision,
             "galleries": {name: s.version for name, s in snapshot.galleries.items()}}

@@ -17,7 +17,7 @@ from PIL import Image
 
 from service.runtime.gateway import Gateway
 from service.state.config import Settings
-from service.state.errors import InvalidInput, NotFound, ServiceError
+from service.state.errors import InvalidInput, NotFound, ServiceError, shown
 from service.state.gallery.ingest import GalleryWriter, Source, embed, payload
 from service.state.thumbnails import ThumbnailStore
 from service.usecases.media import decode_image
@@ -71,12 +71,12 @@ def check_items(items: Sequence[NewItem], max_items: int) -> None:
     seen: set[str] = set()
     for n, item in enumerate(items):
         if item.id in seen:
-            raise InvalidInput(f"item {n}: id {item.id!r} appears twice in this batch")
+            raise InvalidInput(f"item {n}: id '{shown(item.id)}' appears twice in this batch")
         seen.add(item.id)
         if item.text is None and item.image is None:
-            raise InvalidInput(f"item {n} ({item.id!r}) has neither a text nor an image")
+            raise InvalidInput(f"item {n} ('{shown(item.id)}') has neither a text nor an image")
         if item.text is not None and not item.text.strip():
-            raise InvalidInput(f"item {n} ({item.id!r}) has an empty text")
+            raise InvalidInput(f"item {n} ('{shown(item.id)}') has an empty text")
 
 
 def _sources(items: Sequence[NewItem], settings: Settings) -> list[Source]:
@@ -92,12 +92,13 @@ def _image(n: int, item: NewItem, settings: Settings) -> Image.Image | None:
     try:
         return decode_image(item.image, settings.max_image_pixels, settings.max_image_bytes)
     except ServiceError as exc:
-        raise type(exc)(f"item {n} ({item.id!r}): {exc.message}") from exc
+        raise type(exc)(f"item {n} ('{shown(item.id)}'): {exc.message}") from exc
 
 
 async def read_thumbnail(gateway: Gateway, gallery: str, item_id: str) -> bytes:
     """The PNG thumbnail made at ingest; NotFound when the item has none."""
     png = await asyncio.to_thread(ThumbnailStore.of(gateway.settings).read, gallery, item_id)
     if png is None:
-        raise NotFound(f"no thumbnail for item {item_id!r} in gallery {gallery!r}")
+        raise NotFound(f"no thumbnail for item '{shown(item_id)}' in gallery "
+                       f"'{shown(gallery)}'")
     return png

@@ -1,5 +1,7 @@
 """Jobs: submit (check, record, queue; if the broker refuses, undo the record), list, read,
-cancel. Reads fail running jobs whose worker went silent first (a killed worker)."""
+cancel. Reads fail running jobs whose worker went silent first (a killed worker). A job is
+only accepted while some worker is alive (its liveness record is fresh): one that nothing
+would run is a 503 now, not a job that stays queued forever."""
 
 from __future__ import annotations
 
@@ -10,21 +12,31 @@ from service.runtime.gateway import Gateway
 from service.state.errors import InvalidInput, Unavailable
 from service.state.jobs.specs import check_job
 from service.state.jobs.store import Job
+from service.state.jobs.workers import live_workers, require_live_worker
+from service.state.paths import Roots
 
 
 async def submit_job(gateway: Gateway, kind: str, gallery: str, params: dict[str, Any],
                      auto_promote: bool, by: str) -> Job:
-    """A queued job, or InvalidInput (bad parameters, nothing created) or Unavailable (the
-    broker is down: the record is removed again, so nothing is half-created)."""
+    """A queued job, or InvalidInput (bad parameters, nothing created) or Unavailable (no
+    live worker, or the broker is down: the record is removed again, so nothing is
+    half-created)."""
     settings, jobs = gateway.settings, gateway.jobs
-    parsed = await asyncio.to_thread(check_job, kind, gallery, params, gateway.registry)
+    parsed = await asyncio.to_thread(check_job, kind, gallery, params, gateway.registry,
+                                     Roots.of(settings))
     if kind == "ingest" and settings.qdrant_url is None:
         raise InvalidInput("ingest jobs write to Qdrant from a worker, which needs a Qdrant "
                            "server (NOBACKFILL_QDRANT_URL): the embedded Qdrant is open in "
                            "this gateway only; add items with POST /v1/galleries/{gallery}/"
                            "items instead")
+    await asyncio.to_thread(require_live_worker, settings)
     job = await asyncio.to_thread(jobs.create, kind, gallery, parsed.model_dump(by_alias=True),
                                   by=by, auto_promote=auto_promote)
+    try:  # what the worker needs from the gallery store, read here: this process owns it
+        await asyncio.to_thread(parsed.snapshot, gateway.store, gallery, jobs.work_dir(job.id))
+    except Exception:
+        await asyncio.to_thread(jobs.delete, job.id)
+        raise
     try:
         await asyncio.wait_for(asyncio.to_thread(gateway.queue.send, job.id),
                                timeout=settings.broker_timeout_s * 2)
@@ -51,6 +63,12 @@ async def get_job(gateway: Gateway, job_id: str) -> Job:
 async def cancel_job(gateway: Gateway, job_id: str) -> Job:
     """A queued job is cancelled at once; a running one stops within a few steps."""
     return await asyncio.to_thread(gateway.jobs.cancel, job_id)
+
+
+async def worker_count(gateway: Gateway) -> int:
+    """How many workers are alive now (for readiness: the gateway still serves search
+    without any; only job submission needs one)."""
+    return len(await asyncio.to_thread(live_workers, gateway.settings))
 
 
 async def _reap(gateway: Gateway) -> None:

@@ -1,7 +1,9 @@
 """Decode untrusted image bytes into an RGB image, or fail with a typed error.
 
 Pixel counts are checked from the header before any pixel is decoded, so an image
-bomb costs nothing; truncated or corrupt data fails while decoding.
+bomb costs nothing; truncated or corrupt data fails while decoding. Messages are fixed
+texts: PIL's exception texts carry object reprs and internals (``<_io.BytesIO object at
+0x...>``), so they stay the error's cause (``from exc``) and never reach the caller.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ def from_base64(text: str, max_bytes: int) -> bytes:
     try:
         return base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError) as exc:
-        raise BadImage(f"image_base64 is not valid base64: {exc}") from exc
+        raise BadImage("image_base64 is not base64 (nor a base64 data: URL)") from exc
 
 
 def decode_image(data: bytes, max_pixels: int, max_bytes: int) -> Image.Image:
@@ -48,7 +50,7 @@ def decode_image(data: bytes, max_pixels: int, max_bytes: int) -> Image.Image:
         image.load()
         return image.convert("RGB")
     except Exception as exc:  # PIL decoders raise many types on hostile input
-        raise BadImage(f"the image is truncated or corrupt: {exc}") from exc
+        raise BadImage("the image is truncated or corrupt") from exc
 
 
 def _open(data: bytes) -> Image.Image:
@@ -58,6 +60,7 @@ def _open(data: bytes) -> Image.Image:
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             return Image.open(io.BytesIO(data))
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        raise TooLarge(f"image is too large: {exc}") from exc
+        raise TooLarge("the image has too many pixels to decode") from exc
     except Exception as exc:  # PIL raises many types for non-image bytes
-        raise BadImage(f"the data is not an image PIL can read: {exc}") from exc
+        raise BadImage("the data is not a readable image; send PNG, JPEG or another "
+                       "common format") from exc

@@ -13,6 +13,7 @@ from typing import Any
 
 from service.state.jobs.specs import JOB_KINDS
 from worker.context import JobContext
+from worker.runners.adapter import run_adapter
 from worker.runners.continual import run_continual
 from worker.runners.evaluate import run_evaluate
 from worker.runners.ingest import run_ingest
@@ -21,7 +22,8 @@ from worker.runners.xbt import run_xbt
 Runner = Callable[[JobContext], dict[str, Any]]
 
 RUNNERS: dict[str, Runner] = {"continual": run_continual, "xbt": run_xbt,
-                              "evaluate": run_evaluate, "ingest": run_ingest}
+                              "adapter": run_adapter, "evaluate": run_evaluate,
+                              "ingest": run_ingest}
 
 if set(RUNNERS) != set(JOB_KINDS):
     raise RuntimeError(f"job kinds without a runner: {sorted(set(JOB_KINDS) - set(RUNNERS))}; "

@@ -15,7 +15,6 @@ def run_continual(ctx: JobContext) -> dict[str, Any]:
     from training.continual import get_strategy
     from training.continual.phase import run_phase
     from training.continual.strategy import PhaseOptions
-    from training.data import open_dataset
 
     p = ContinualParams.model_validate(ctx.job.params)
     registry = Registry(ctx.settings.registry_dir)
@@ -23,7 +22,7 @@ def run_continual(ctx: JobContext) -> dict[str, Any]:
     options = PhaseOptions(steps=p.steps, batch_size=p.batch_size, seed=p.seed, domain=p.domain,
                            language=p.language, version_id=p.version_id,
                            device=ctx.settings.device, show_progress=False)
-    candidate = run_phase(parent, p.method, open_dataset(p.data), ctx.out,
+    candidate = run_phase(parent, p.method, ctx.open_dataset(p.data, "data"), ctx.out,
                           get_strategy(p.method).Config.from_dict(p.config), options,
                           on_progress=ctx.heartbeat.report)
     return admit(ctx, candidate, new_domain=p.domain, new_language=p.language)

@@ -16,11 +16,11 @@ from worker.context import JobContext
 
 
 def run_ingest(ctx: JobContext) -> dict[str, Any]:
-    from training.data import open_dataset
     from training.trainer import Progress
     from training.versions import load_encoder
 
     p = IngestParams.model_validate(ctx.job.params)
+    dataset = ctx.open_dataset(p.manifest, "manifest")  # every image under an allowed root
     registry = Registry(ctx.settings.registry_dir)
     gallery = registry.gallery(ctx.job.gallery)
     encoder = load_encoder(registry.artifact(gallery.active), gallery.space, ctx.settings.device)
@@ -35,8 +35,8 @@ def run_ingest(ctx: JobContext) -> dict[str, Any]:
     try:
         writer = GalleryWriter(store, ThumbnailStore.of(ctx.settings), gallery.name,
                                gallery.active, gallery.space)
-        count = ingest_dataset(encoder, writer, open_dataset(p.manifest), p.batch_size, p.kinds,
-                               p.language, on_batch)
+        count = ingest_dataset(encoder, writer, dataset, p.batch_size, p.kinds, p.language,
+                               on_batch)
     finally:
         store.close()
     return {"result": {"items": count}}

@@ -5,32 +5,31 @@ from __future__ import annotations
 
 from typing import Any
 
-from service.state.jobs.specs import XbtParams
+from service.state.jobs.specs import ModelRef, XbtParams
 from service.state.registry import Registry
 from worker.admission import admit
 from worker.context import JobContext
 
 
 def run_xbt(ctx: JobContext) -> dict[str, Any]:
-    from training.data import open_dataset
     from training.xbt.config import XbtConfig
     from training.xbt.upgrade import upgrade
 
     p = XbtParams.model_validate(ctx.job.params)
     registry = Registry(ctx.settings.registry_dir)
     gallery = registry.gallery(ctx.job.gallery)
-    candidate = upgrade(registry.artifact(gallery.active), _new_model(p, registry), p.corpus,
-                        open_dataset(p.pairs), ctx.out, XbtConfig.from_dict(p.config),
+    candidate = upgrade(registry.artifact(gallery.active), new_model(p.new, registry), p.corpus,
+                        ctx.open_dataset(p.pairs, "pairs"), ctx.out, XbtConfig.from_dict(p.config),
                         version_id=p.version_id, target_space=gallery.space,
                         device=ctx.settings.device, show_progress=False,
                         on_progress=ctx.heartbeat.report)
     return admit(ctx, candidate)
 
 
-def _new_model(p: XbtParams, registry: Registry) -> Any:
+def new_model(new: ModelRef, registry: Registry) -> Any:
+    """The upgrade's NEW model: a registered version's artifact, or an open_clip spec."""
     from training.encoders import ModelSpec
 
-    new = p.new
     if new.version:
         return registry.artifact(new.version)
     if new.model_config_file:

@@ -1,4 +1,4 @@
-"""Galleries (admin): create, list, read."""
+"""Galleries (admin): create, list, read, delete."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from fastapi import APIRouter
 
 from service.api import API_V1
 from service.api.deps import AdminDep, GatewayDep
-from service.api.schemas.galleries import GalleryCreate, GalleryOut
+from service.api.schemas.galleries import GalleryCreate, GalleryDeletedOut, GalleryOut
 from service.usecases import galleries
 
 router = APIRouter(prefix=f"{API_V1}/galleries", tags=["galleries"])
@@ -30,3 +30,12 @@ async def get_gallery(gallery: str, gateway: GatewayDep, _: AdminDep) -> Gallery
     """The gallery's space, active version, history, and what this replica serves."""
     found = await galleries.get_gallery(gateway, gallery)
     return GalleryOut.of(found.record, found.serving, found.items)
+
+
+@router.delete("/{gallery}", response_model=GalleryDeletedOut)
+async def delete_gallery(gallery: str, gateway: GatewayDep, admin: AdminDep) -> GalleryDeletedOut:
+    """Delete a gallery: its registry record, Qdrant collection and alias, and thumbnails.
+    409 while a job for it is queued or running; repeat it to finish an interrupted one."""
+    record = await galleries.delete_gallery(gateway, gallery, admin)
+    return GalleryDeletedOut(name=record.name, space=record.space, active=record.active,
+                             deleted_by=admin)

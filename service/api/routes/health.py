@@ -1,27 +1,38 @@
+"""Liveness, readiness and metrics: open to anyone (probes carry no key); /readyz names
+galleries and versions only to a read or admin key (``usecases/health.py``)."""
+
 from __future__ import annotations
+
+from typing import Any
 
 from fastapi import APIRouter, Response
 
-from service.api.deps import GatewayDep
+from service.api.deps import GatewayDep, KeyedDep
+from service.api.schemas.errors import error_responses
+from service.api.schemas.health import HealthOut, ReadyOut
 from service.runtime.metrics import CONTENT_TYPE
 from service.usecases import health
 
 router = APIRouter(tags=["health"])
+TEXT: dict[int | str, dict[str, Any]] = {200: {"description": "Prometheus text exposition format",
+              "content": {"text/plain": {"schema": {"type": "string"}}}}}
 
 
-@router.get("/healthz")
-async def healthz() -> dict[str, str]:
+@router.get("/healthz", response_model=HealthOut)
+async def healthz() -> HealthOut:
     """The process is up (says nothing about models or Qdrant)."""
-    return {"status": "ok"}
+    return HealthOut(status="ok")
 
 
-@router.get("/readyz")
-async def readyz(gateway: GatewayDep) -> dict:
-    """Models loaded for every gallery and Qdrant reachable; 503 otherwise."""
-    return await health.readiness(gateway)
+@router.get("/readyz", response_model=ReadyOut, response_model_exclude_none=True,
+            responses=error_responses(503))
+async def readyz(gateway: GatewayDep, keyed: KeyedDep) -> ReadyOut:
+    """Models loaded for every gallery and Qdrant reachable; 503 otherwise. With a read or
+    admin key, also which version serves each gallery, or why it is not ready."""
+    return ReadyOut(**await health.readiness(gateway, detailed=keyed))
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=Response, responses=TEXT)
 async def metrics(gateway: GatewayDep) -> Response:
     """Prometheus exposition format."""
     return Response(health.metrics_text(gateway), media_type=CONTENT_TYPE)

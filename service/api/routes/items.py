@@ -5,6 +5,7 @@ from fastapi import APIRouter, Request
 from service.api import API_V1, bodies
 from service.api.deps import AdminDep, GatewayDep
 from service.api.schemas import inline_schema
+from service.api.schemas.errors import error_responses
 from service.api.schemas.galleries import (
     DeleteIn,
     DeleteOut,
@@ -26,7 +27,7 @@ BODY = {"requestBody": {"required": True, "content": {
     bodies.MULTIPART: {"schema": items_multipart_schema()}}}}
 
 
-@router.post("", response_model=IngestOut, openapi_extra=BODY)
+@router.post("", response_model=IngestOut, openapi_extra=BODY, responses=error_responses(415))
 async def add_items(gallery: str, request: Request, gateway: GatewayDep,
                     _: AdminDep) -> IngestOut:
     """Add or replace items (by id): JSON with texts and/or base64 images, or a multipart

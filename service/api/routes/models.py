@@ -1,13 +1,19 @@
-"""Model versions (admin): list, read, register, promote, roll back."""
+"""Model versions (admin): list, read, register, promote, roll back, retire."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 
 from service.api import API_V1
 from service.api.deps import AdminDep, GatewayDep
 from service.api.schemas.galleries import GalleryOut
-from service.api.schemas.models import PromoteIn, RegisterIn, RollbackIn, VersionOut
+from service.api.schemas.models import (
+    PromoteIn,
+    RegisterIn,
+    RollbackIn,
+    VersionDeletedOut,
+    VersionOut,
+)
 from service.usecases import models
 
 router = APIRouter(prefix=f"{API_V1}/models", tags=["models"])
@@ -26,11 +32,24 @@ async def get_version(version_id: str, gateway: GatewayDep, _: AdminDep) -> Vers
 
 
 @router.post("", response_model=VersionOut, status_code=201)
-async def register(body: RegisterIn, gateway: GatewayDep, admin: AdminDep) -> VersionOut:
-    """Copy (or move) an artifact directory into the registry, verifying its checksums."""
-    gate = body.gate.model_dump() if body.gate is not None else None
-    version = await models.register_version(gateway, body.source, admin, body.move, gate)
+async def register(body: RegisterIn, gateway: GatewayDep, admin: AdminDep,
+                   response: Response) -> VersionOut:
+    """Copy (or move) an artifact directory under an allowed root into the registry,
+    verifying its checksums: 201. The same artifact again: 200 with the existing record;
+    different files under a taken version id: 409. It has no gate until an `evaluate` job
+    runs one."""
+    version = await models.register_version(gateway, body.source, admin, body.move)
+    if not version.created:
+        response.status_code = 200
     return VersionOut.of(version.record, version.manifest)
+
+
+@router.delete("/{version_id}", response_model=VersionDeletedOut)
+async def delete(version_id: str, gateway: GatewayDep, admin: AdminDep) -> VersionDeletedOut:
+    """Retire a version (index entry and artifact). 409 naming the gallery while it serves
+    one or is the parent of the version that does, or while an unfinished job names it."""
+    record = await models.delete_version(gateway, version_id)
+    return VersionDeletedOut(version_id=record.version_id, deleted_by=admin)
 
 
 @router.post("/{version_id}/promote", response_model=GalleryOut)

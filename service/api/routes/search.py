@@ -5,7 +5,9 @@ from fastapi import APIRouter, Request
 from service.api import API_V1, bodies
 from service.api.deps import GatewayDep, ReaderDep
 from service.api.schemas import inline_schema
+from service.api.schemas.errors import error_responses
 from service.api.schemas.search import (
+    SEARCH_PATH,
     SearchForm,
     SearchRequest,
     SearchResponse,
@@ -22,7 +24,8 @@ BODY = {"requestBody": {"required": True, "content": {
     bodies.MULTIPART: {"schema": multipart_schema()}}}}
 
 
-@router.post("/galleries/{gallery}/search", response_model=SearchResponse, openapi_extra=BODY)
+@router.post(SEARCH_PATH.removeprefix(API_V1), response_model=SearchResponse,
+             openapi_extra=BODY, responses=error_responses(415))
 async def search_gallery(gallery: str, request: Request, gateway: GatewayDep,
                          _: ReaderDep) -> SearchResponse:
     """Search a gallery with a text or an image (base64 JSON, or multipart ``image`` file)."""

@@ -12,7 +12,8 @@ from fastapi import APIRouter, Response
 from service import web
 from service.api import API_V1
 from service.api.deps import GatewayDep, ReaderDep
-from service.state.errors import NotFound
+from service.api.schemas.errors import error_responses
+from service.state.errors import NotFound, shown
 from service.usecases.items import read_thumbnail
 
 router = APIRouter()
@@ -30,13 +31,14 @@ async def page() -> Response:
 async def asset(name: str) -> Response:
     media_type = web.ASSETS.get(name)
     if media_type is None:
-        raise NotFound(f"no web asset named {name!r}")
+        raise NotFound(f"no web asset named '{shown(name)}'")
     return _static(name, media_type)
 
 
 @router.get(API_V1 + "/galleries/{gallery}/items/{item_id:path}/thumbnail", tags=["items"],
             response_class=Response,
-            responses={200: {"content": {"image/png": {}}, "description": "PNG thumbnail"}})
+            responses={200: {"content": {"image/png": {}}, "description": "PNG thumbnail"},
+                       **error_responses(401, 404, 413, 422, 500)})
 async def thumbnail(gallery: str, item_id: str, gateway: GatewayDep, _: ReaderDep) -> Response:
     """A small PNG of an image item (made at ingest); 404 when the item has none."""
     png = await read_thumbnail(gateway, gallery, item_id)

@@ -3,6 +3,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, Json, StringConstraints
+from pydantic.json_schema import WithJsonSchema
 
 from service.api.schemas import inline_schema
 from service.runtime.serving import Serving
@@ -22,7 +23,15 @@ class GalleryCreate(BaseModel):
         None, description="version that serves it; default: the newest native to the space")
     validation: str | None = Field(
         None, max_length=4096, description="held-out dataset (directory with manifest.jsonl, "
-        "as the workers see it) that the compatibility gate evaluates candidates on")
+        "or a .jsonl/.csv manifest, as the workers see it, under an allowed root) that the "
+        "compatibility gate evaluates candidates on")
+
+
+class GalleryDeletedOut(BaseModel):
+    name: str
+    space: str
+    active: str = Field(description="the version that served it last")
+    deleted_by: str
 
 
 class EventOut(BaseModel):
@@ -75,11 +84,20 @@ def _serving(serving: Serving) -> ServingOut:
                       route=embedder.route if embedder else None, problem=problem)
 
 
+# Not blank: checked with the batch (usecases/items.py), stated here as well.
+ItemText = Annotated[str, StringConstraints(max_length=10_000),
+                     WithJsonSchema({"type": "string", "maxLength": 10_000, "pattern": r"\S"})]
+# An item needs a text or an image (or both); a null counts as absent, as in search.
+TEXT_OR_IMAGE: dict[str, Any] = {"anyOf": [
+    {"properties": {"text": {"type": "string"}}, "required": ["text"]},
+    {"properties": {"image_base64": {"type": "string"}}, "required": ["image_base64"]}]}
+
+
 class ItemIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=TEXT_OR_IMAGE)
 
     id: ItemId
-    text: str | None = Field(None, max_length=10_000)
+    text: ItemText | None = None
     image_base64: str | None = None
     payload: dict[str, Any] | None = Field(None, description="stored and returned with hits")
 

@@ -7,11 +7,13 @@ from pydantic import (
     ConfigDict,
     Field,
     Json,
+    Strict,
     StrictBool,
     StrictInt,
     StrictStr,
     StringConstraints,
 )
+from pydantic.json_schema import WithJsonSchema
 
 from service.api.schemas import inline_schema
 from service.usecases.search import Answer
@@ -26,27 +28,42 @@ FilterValue = Scalar | Annotated[list[StrictStr], Field(min_length=1, max_length
 Where = Annotated[dict[FilterKey, FilterValue], Field(
     max_length=16, description="payload filter: every key must match; a list matches any")]
 TEXT_MAX = 2000
+TOP_K_CAP = 10_000  # the largest top_k_max a server may be configured with
+SEARCH_PATH = "/v1/galleries/{gallery}/search"
+# Not blank: checked where the query is built (usecases/search.py), stated here as well.
+Text = Annotated[str, StringConstraints(max_length=TEXT_MAX),
+                 WithJsonSchema({"type": "string", "maxLength": TEXT_MAX, "pattern": r"\S"})]
+TopK = Annotated[int, Field(ge=1, le=TOP_K_CAP, description="how many hits: at most the "
+                            "server's top_k_max (default 100; this document states this "
+                            "server's as the maximum)")]
+# "Exactly one of text or image": a rule over two fields, which pydantic cannot derive.
+# A null counts as absent (the server treats it so), hence the type in each branch.
+ONE_QUERY: dict[str, Any] = {"oneOf": [
+    {"properties": {"text": {"type": "string"}}, "required": ["text"]},
+    {"properties": {"image_base64": {"type": "string"}}, "required": ["image_base64"]}]}
 
 
 class SearchRequest(BaseModel):
     """A JSON search: exactly one of ``text`` or ``image_base64``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=ONE_QUERY)
 
-    text: str | None = Field(None, max_length=TEXT_MAX, description="text query")
+    text: Text | None = Field(None, description="text query")
     image_base64: str | None = Field(None, description="image query, base64 or a data: URL")
-    top_k: int = Field(10, ge=1, description="how many hits (at most the server's top_k_max)")
+    # Strict: "10" and true (which lax parsing reads as 1) are refused, as the schema says.
+    top_k: Annotated[TopK, Strict()] = 10
     kind: Kind = Field("image", description="which gallery items to return")
     filter: Where | None = None
 
 
 class SearchForm(BaseModel):
-    """The non-file fields of a multipart search (the image is the ``image`` file part)."""
+    """The non-file fields of a multipart search (the image is the ``image`` file part);
+    every field arrives as text, so top_k is parsed from its digits."""
 
     model_config = ConfigDict(extra="forbid")
 
-    text: str | None = Field(None, max_length=TEXT_MAX)
-    top_k: int = Field(10, ge=1)
+    text: Text | None = None
+    top_k: TopK = 10
     kind: Kind = "image"
     filter: Json[Where | None] | None = Field(None, description="payload filter, JSON text")
 
@@ -75,7 +92,17 @@ class SearchResponse(BaseModel):
 
 
 def multipart_schema() -> dict[str, Any]:
-    """OpenAPI schema of the multipart variant (FastAPI cannot derive it for this route)."""
+    """OpenAPI schema of the multipart variant (FastAPI cannot derive it for this route),
+    with the same one-of rule as the JSON variant: a text field or an image file."""
     schema = inline_schema(SearchForm)
     schema["properties"]["image"] = {"type": "string", "format": "binary"}
+    schema["oneOf"] = [{"required": ["text"]}, {"required": ["image"]}]
     return schema
+
+
+def state_top_k_max(document: dict[str, Any], top_k_max: int) -> None:
+    """Write this server's ``top_k_max`` into the search body schemas of an OpenAPI
+    document: the models are static, the bound is a setting."""
+    operation = document.get("paths", {}).get(SEARCH_PATH, {}).get("post", {})
+    for content in operation.get("requestBody", {}).get("content", {}).values():
+        content["schema"]["properties"]["top_k"]["maximum"] = top_k_max

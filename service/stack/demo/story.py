@@ -28,8 +28,9 @@ from typing import Any
 from service.stack.demo.client import Client, DemoError
 from service.stack.demo.probe import Measurement, Query, measure, queries
 from service.stack.demo.world import NEW_DOMAIN, NEW_LANGUAGE, Profile, World, load, render_world
-from service.stack.launch import gateway_process, start_worker, stop
+from service.stack.launch import gateway_process, supervised_worker
 from service.state.config import Settings
+from service.state.jobs.workers import live_workers
 from training.data import PairDataset
 
 GALLERY = "demo"
@@ -76,9 +77,10 @@ class Demo:
     def __init__(self, out: Path, profile: Profile, device: str | None,
                  on_step: Callable[[Step], None]) -> None:
         self.out, self.profile, self.device, self.on_step = out, profile, device, on_step
+        # The world and the artifacts live beside the data directory: an allowed root.
         self.settings = Settings(data_dir=out / "data", qdrant_url=None, qdrant_path=None,
                                  registry_root=None, broker_url=None, result_backend=None,
-                                 bootstrap=False, device=device)
+                                 bootstrap=False, device=device, allowed_roots=(out,))
         self.admin_key = secrets.token_urlsafe(16)
         self.world: World | None = None
         self.items: dict[str, dict[str, str]] = {}  # id -> attributes of stored items
@@ -99,6 +101,7 @@ class Demo:
 
         env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("NOBACKFILL_")}
         env.update({"NOBACKFILL_DATA_DIR": str(self.settings.data_dir),
+                    "NOBACKFILL_ALLOWED_ROOTS": json.dumps([str(self.out)]),
                     "NOBACKFILL_ADMIN_API_KEYS": json.dumps({"demo": self.admin_key}),
                     "NOBACKFILL_BOOTSTRAP": "false", "NOBACKFILL_ACCESS_LOG": "false",
                     "NOBACKFILL_WORKER_NAME": "demo@localhost"})
@@ -108,19 +111,29 @@ class Demo:
 
     @contextmanager
     def stack(self) -> Iterator[Client]:
-        """The embedded worker and the gateway, as ``make serve`` runs them."""
+        """The embedded worker (supervised) and the gateway, as ``make serve`` runs them;
+        yields once the worker is live too (jobs are refused while none is)."""
         logs = self.out / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        worker = start_worker(self.settings_env(), logs / "worker.log")
+        worker = supervised_worker(self.settings_env(), logs / "worker.log").start()
         try:
             with gateway_process(self.settings_env(), logs / "gateway.log") as url:
                 client = Client(url, self.admin_key, GALLERY)
                 try:
+                    self.wait_for_worker(logs / "worker.log")
                     yield client
                 finally:
                     client.close()
         finally:
-            stop(worker, 30)
+            worker.stop()
+
+    def wait_for_worker(self, log: Path, timeout_s: float = 300) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not live_workers(self.settings):
+            if time.monotonic() > deadline:
+                raise DemoError(f"the embedded worker was not ready after {timeout_s:.0f} s; "
+                                f"see {log}")
+            time.sleep(0.5)
 
     def fingerprint(self, ids: set[str] | None) -> dict[str, Any]:
         """Per embedding version: items and a digest of their vectors (no gateway running)."""

@@ -93,6 +93,23 @@ class GalleryStore:
             self.client.create_collection(collection, vectors_config=dict.fromkeys(KINDS, params))
             self.client.update_collection_aliases(change_aliases_operations=[alias])
 
+    def drop(self, gallery: str) -> bool:
+        """Remove the gallery's collection, then its alias; False when there was nothing to
+        remove. Each step is a no-op once done, so an interrupted delete is repeated."""
+        with self._call():
+            collection = self._aliases().get(gallery)
+            if collection is None:
+                return False
+            self.client.delete_collection(collection)
+            if gallery in self._aliases():  # a backend that keeps the alias of a dropped one
+                self.client.update_collection_aliases(change_aliases_operations=[
+                    models.DeleteAliasOperation(delete_alias=models.DeleteAlias(
+                        alias_name=gallery))])
+        return True
+
+    def _aliases(self) -> dict[str, str]:
+        return {a.alias_name: a.collection_name for a in self.client.get_aliases().aliases}
+
     def dim(self, gallery: str) -> int | None:
         """The vector width of the gallery's collection, or None if it has none."""
         with self._call():
@@ -160,6 +177,27 @@ class GalleryStore:
             out[version] = {"items": len(items), "sha256": digest.hexdigest()}
         return out
 
+    def points(self, gallery: str, page: int = 1000) -> list[tuple[str, dict[str, Any]]]:
+        """(item id, caller payload) of every stored item, without vectors."""
+        out, offset = [], None
+        while True:
+            with self._call(gallery):
+                batch, offset = self.client.scroll(gallery, limit=page, offset=offset,
+                                                   with_payload=True, with_vectors=False)
+            out += [(str((p.payload or {}).get("item_id")), _caller_payload(p.payload or {}))
+                    for p in batch]
+            if offset is None:
+                return out
+
+    def vectors(self, gallery: str, ids: Sequence[str]) -> dict[str, dict[str, np.ndarray]]:
+        """Item id -> kind -> [D] stored vector, for the given items."""
+        with self._call(gallery):
+            points = self.client.retrieve(gallery, ids=[point_id(i) for i in ids],
+                                          with_payload=True, with_vectors=True)
+        return {str((p.payload or {}).get("item_id")): {
+            k: np.asarray(v, dtype=np.float32) for k, v in (p.vector or {}).items()}  # type: ignore[union-attr]
+            for p in points}
+
     def close(self) -> None:
         self.client.close()
 
@@ -191,6 +229,11 @@ def _point(item: Item, version: str, space: str) -> models.PointStruct:
                "kinds": sorted(item.vectors), "payload": dict(item.payload or {})}
     vectors = {kind: v.astype(np.float32).tolist() for kind, v in item.vectors.items()}
     return models.PointStruct(id=point_id(item.id), vector=vectors, payload=payload)
+
+
+def _caller_payload(stored: Mapping[str, Any]) -> dict[str, Any]:
+    """The item's own payload (caption, domain, source, ...) inside the stored record."""
+    return dict(stored.get("payload") or {})
 
 
 def _hit(point: models.ScoredPoint) -> Hit:

@@ -2,10 +2,11 @@
 at submission, before anything is queued. The API schema, the job store and the
 worker's runners all read their list of kinds from here.
 
-Paths are as the workers see them (the registry/data volume every process shares).
-A bad parameter (unknown method, missing dataset, unknown version, invalid config
-value) raises ``InvalidInput`` (422) here, so a job that is queued can only fail for
-reasons that show up while it runs.
+Paths are as the workers see them (the registry/data volume every process shares), and
+must lie under the allowed roots (``service.state.paths``): a dataset's manifest and every
+image it names, a corpus, a checkpoint. A bad parameter (unknown method, missing dataset,
+path outside the roots, unknown version, invalid config value) raises ``InvalidInput``
+(422) here, so a job that is queued can only fail for reasons that show up while it runs.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from typing import Any, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from service.state.errors import InvalidInput, NotFound
+from service.state.gallery.sample import take_sample, write_sample
+from service.state.gallery.store import GalleryStore
+from service.state.paths import Roots
 from service.state.registry import Registry
 from training.errors import NobackfillError
 
@@ -27,8 +31,13 @@ class Params(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    def check(self, registry: Registry) -> None:
-        """InvalidInput naming the first parameter that points at nothing usable."""
+    def check(self, registry: Registry, roots: Roots) -> None:
+        """InvalidInput naming the first parameter that points at nothing usable (or
+        outside ``roots``)."""
+
+    def snapshot(self, store: GalleryStore, gallery: str, work: Path) -> None:
+        """Inputs the worker needs from the gallery store, written beside the job at
+        submission by the process that owns the store (most kinds need none)."""
 
 
 class ContinualParams(Params):
@@ -46,11 +55,11 @@ class ContinualParams(Params):
     version_id: str | None = Field(None, description="default: generated")
     validation: str | None = Field(None, description="gate data (default: the gallery's)")
 
-    def check(self, registry: Registry) -> None:
+    def check(self, registry: Registry, roots: Roots) -> None:
         from training.continual import get_strategy
 
-        _dataset(self.data, "data")
-        _dataset(self.validation, "validation")
+        _dataset(roots, self.data, "data")
+        _dataset(roots, self.validation, "validation")
         _version(registry, self.parent, "parent")
         try:
             get_strategy(self.method).Config.from_dict(self.config)
@@ -75,6 +84,13 @@ class ModelRef(Params):
                              "model_config")
         return self
 
+    def check(self, registry: Registry, roots: Roots, kind: str = "") -> None:  # type: ignore[override]
+        _version(registry, self.version, "new.version")
+        for name in ("model_config_file", "checkpoint"):
+            path = getattr(self, name)
+            if path is not None:
+                roots.file(path, f"{kind} job: new.{name.removesuffix('_file')}")
+
 
 class XbtParams(Params):
     new: ModelRef
@@ -84,32 +100,59 @@ class XbtParams(Params):
     version_id: str | None = None
     validation: str | None = None
 
-    def check(self, registry: Registry) -> None:
+    def check(self, registry: Registry, roots: Roots) -> None:
         from training.xbt.config import XbtConfig
 
-        _dataset(self.pairs, "pairs")
-        _dataset(self.validation, "validation")
-        if not self.corpus.startswith(SYNTH) and not Path(self.corpus).is_file():
-            raise InvalidInput(f"xbt job: corpus {self.corpus!r} is neither a file nor synth:N")
-        _version(registry, self.new.version, "new.version")
-        for name in ("model_config_file", "checkpoint"):
-            path = getattr(self.new, name)
-            if path is not None and not Path(path).is_file():
-                raise InvalidInput(f"xbt job: new.{name.removesuffix('_file')} file not "
-                                   f"found: {path}")
+        _dataset(roots, self.pairs, "pairs")
+        _dataset(roots, self.validation, "validation")
+        if not self.corpus.startswith(SYNTH):
+            roots.file(self.corpus, "xbt job: corpus (a text file or synth:N)")
+        self.new.check(registry, roots, "xbt")
         try:
             XbtConfig.from_dict(self.config)  # strict: an unknown field is named
         except NobackfillError as exc:
             raise InvalidInput(f"xbt job: config: {exc}") from exc
 
 
+class AdapterParams(Params):
+    """An adapter route fitted on a sample of the gallery (``training.adapters``)."""
+
+    new: ModelRef
+    sample: int = Field(10_000, ge=2, le=1_000_000,
+                        description="gallery items to fit on (their stored OLD vectors, and "
+                                    "their sources embedded by the new model)")
+    seed: int = Field(0, description="which items the sample draws")
+    config: dict[str, Any] = Field(default_factory=dict,
+                                   description="AdapterFitConfig fields: method, slerp_t, ...")
+    version_id: str | None = None
+    validation: str | None = None
+
+    def check(self, registry: Registry, roots: Roots) -> None:
+        from training.adapters import AdapterFitConfig
+
+        _dataset(roots, self.validation, "validation")
+        self.new.check(registry, roots, "adapter")
+        try:
+            AdapterFitConfig.from_dict(self.config)
+        except NobackfillError as exc:
+            raise InvalidInput(f"adapter job: config: {exc}") from exc
+
+    def snapshot(self, store: GalleryStore, gallery: str, work: Path) -> None:
+        """The sample, taken by the process that owns the gallery store, beside the job."""
+        sample = take_sample(store, gallery, self.sample, self.seed)
+        if len(sample["ids"]) < 2:
+            raise InvalidInput(f"adapter job: gallery '{gallery}' holds {len(sample['ids'])} "
+                               f"item(s); an adapter is fitted on at least 2")
+        write_sample(sample, work)
+
+
 class EvaluateParams(Params):
     version: str = Field(description="the candidate version to gate against the gallery")
     validation: str | None = None
 
-    def check(self, registry: Registry) -> None:
+    def check(self, registry: Registry, roots: Roots) -> None:
         _version(registry, self.version, "version")
-        _dataset(self.validation, "validation")
+        _dataset(roots, self.validation, "validation")
 
 
 class IngestParams(Params):
@@ -118,14 +161,15 @@ class IngestParams(Params):
     language: str = "en"
     batch_size: int = Field(64, ge=1, le=4096)
 
-    def check(self, registry: Registry) -> None:
-        _dataset(self.manifest, "manifest")
+    def check(self, registry: Registry, roots: Roots) -> None:
+        _dataset(roots, self.manifest, "manifest")
 
 
 # The one table of job kinds: name -> parameters (with their checks). The worker maps the
 # same names to runners and refuses to start if the two tables differ.
 JOB_KINDS: dict[str, type[Params]] = {"continual": ContinualParams, "xbt": XbtParams,
-                                      "evaluate": EvaluateParams, "ingest": IngestParams}
+                                      "adapter": AdapterParams, "evaluate": EvaluateParams,
+                                      "ingest": IngestParams}
 
 
 def parse_params(kind: str, params: dict[str, Any]) -> Params:
@@ -139,27 +183,22 @@ def parse_params(kind: str, params: dict[str, Any]) -> Params:
         raise InvalidInput(f"{kind} job: params.{where}: {first.get('msg')}") from exc
 
 
-def check_job(kind: str, gallery: str, params: dict[str, Any], registry: Registry) -> Params:
+def check_job(kind: str, gallery: str, params: dict[str, Any], registry: Registry,
+              roots: Roots) -> Params:
     """Parse and check a submission; InvalidInput names the first problem."""
     parsed = parse_params(kind, params)
     try:
         registry.gallery(gallery)
     except NotFound as exc:
         raise InvalidInput(f"{kind} job: {exc.message}") from exc
-    parsed.check(registry)
+    parsed.check(registry, roots)
     return parsed
 
 
-def _dataset(path: str | None, name: str) -> None:
-    """A dataset directory holding manifest.jsonl, or a manifest file (JSONL/CSV)."""
-    if path is None:
-        return
-    target = Path(path)
-    if target.is_dir():
-        target = target / "manifest.jsonl"
-    if not target.is_file():
-        raise InvalidInput(f"{name}: no dataset at {path} (a directory with manifest.jsonl, "
-                           f"or a JSONL/CSV manifest)")
+def _dataset(roots: Roots, path: str | None, name: str) -> None:
+    """A dataset under the roots (its manifest and every image the manifest names)."""
+    if path is not None:
+        roots.dataset(path, name)
 
 
 def _version(registry: Registry, version: str | None, name: str) -> None:

@@ -16,18 +16,34 @@ class VersionRecord:
     path: str  # relative to the registry root
     registered_at: str
     registered_by: str
-    gate: dict[str, Any] | None = None  # the compatibility gate report, {"passed": bool, ...}
+    # The compatibility gate report, {"passed": bool, ...}: only ever one the service ran (a
+    # job's gate); a report that came with the artifact or the request is never trusted.
+    gate: dict[str, Any] | None = None
+    # Forced promotions of this version that skipped a check: {"gallery", "by", "at",
+    # "reason", "overrides"}, so the version shows how it got past the gate.
+    forced: tuple[dict[str, Any], ...] = ()
 
     @property
     def gate_passed(self) -> bool:
         return isinstance(self.gate, dict) and self.gate.get("passed") is True
 
+    @property
+    def gate_status(self) -> str:
+        """passed | forced | failed | none: "forced" when it never passed the gate but an
+        operator promoted it past the gate anyway (who and when are in ``forced``)."""
+        if self.gate_passed:
+            return "passed"
+        if any("gate" in f.get("overrides", ()) for f in self.forced):
+            return "forced"
+        return "none" if self.gate is None else "failed"
+
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "routes": list(self.routes)}
+        return {**asdict(self), "routes": list(self.routes), "forced": list(self.forced)}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> VersionRecord:
-        return cls(**{**data, "routes": tuple(data.get("routes", ()))})
+        return cls(**{**data, "routes": tuple(data.get("routes", ())),
+                      "forced": tuple(data.get("forced", ()))})
 
 
 @dataclass(frozen=True)
@@ -40,7 +56,7 @@ class Event:
     by: str
     at: str
     reason: str | None = None
-    forced: bool = False
+    forced: bool = False  # the promotion skipped a check (``overrides``), on an operator's word
     overrides: tuple[str, ...] = ()  # checks a forced promotion skipped: "gate", "space"
 
     def to_json(self) -> dict[str, Any]:

@@ -3,7 +3,17 @@ the history of promotions and rollbacks. Every change is one locked, atomic inde
 
 Promotion is gated: the version's stored gate report must pass, and the version must
 have a route into the gallery's space, unless ``force`` is given with a reason (both
-recorded). Rollback re-activates any version that was active for that gallery before.
+recorded, in the gallery's history and on the version). A stored gate report is always
+one the service ran (a job's gate, passed in as ``gate`` by the worker): a report inside
+a registered artifact's manifest is dropped, never trusted. Rollback re-activates any
+version that was active for that gallery before.
+
+Deleting: a version is retired unless it serves a gallery or is the parent of one that
+does (index entry first, then its directory). A gallery is deleted in steps
+(``retire_gallery``: its record leaves the index for a tombstone, so nothing lists or
+serves it; the caller then drops its collection and thumbnails; ``forget_gallery``
+removes the tombstone); a gallery is never recorded without its collection, and an
+interrupted delete is finished by repeating it.
 """
 
 from __future__ import annotations
@@ -12,6 +22,7 @@ import json
 import os
 import re
 import shutil
+import uuid
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -25,6 +36,7 @@ from service.state.errors import (
     RegistryError,
     SpaceMismatch,
     VersionNotFound,
+    shown,
 )
 from service.state.registry import staging
 from service.state.registry.index import IndexFile, utc_now
@@ -33,6 +45,7 @@ from training.artifacts import MANIFEST, Artifact
 
 GALLERY_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 VERSIONS = "versions"
+DELETING = "deleting"  # index key: galleries whose deletion started and has not finished
 
 
 class Registry:
@@ -83,28 +96,43 @@ class Registry:
     @staticmethod
     def check_gallery_name(name: str) -> None:
         if not GALLERY_NAME.match(name):
-            raise InvalidInput(f"gallery name {name!r} must match {GALLERY_NAME.pattern}")
+            raise InvalidInput(f"gallery name '{shown(name)}' must match "
+                               f"{GALLERY_NAME.pattern}")
 
     # ------------------------------------------------------------ versions
     def register(self, source: str | Path, *, by: str, move: bool = False,
                  gate: dict[str, Any] | None = None) -> VersionRecord:
-        """Verify the artifact at ``source``, copy (or move) it in, and index it.
+        """``add`` without saying whether the version is new."""
+        return self.add(source, by=by, move=move, gate=gate)[0]
 
-        Registering the same artifact twice returns the existing record; a different
+    def add(self, source: str | Path, *, by: str, move: bool = False,
+            gate: dict[str, Any] | None = None) -> tuple[VersionRecord, bool]:
+        """Verify the artifact at ``source``, copy (or move) it in, and index it; (record,
+        True) when it is new.
+
+        ``gate`` is the report of a gate the service ran (the worker's admission); any
+        ``gate`` in the artifact's manifest is dropped from the stored copy, so a version
+        registered from outside has no gate until an ``evaluate`` job runs one. Registering
+        the same artifact twice returns the existing record (and False); a different
         artifact under an id that is taken is refused.
         """
         artifact = staging.verified(Path(source))
         _check_gate_report(gate)
         existing = _versions(self.index.read()).get(artifact.version_id)
         if existing is not None:
-            return self._same_or_conflict(existing, artifact)
+            return self._same_or_conflict(existing, artifact), False
         record = VersionRecord(
             version_id=artifact.version_id, space=artifact.space,
             routes=tuple(sorted(artifact.routes)), path=f"{VERSIONS}/{artifact.version_id}",
-            registered_at=utc_now(), registered_by=by,
-            gate=gate if gate is not None else artifact.manifest.get("gate"))
+            registered_at=utc_now(), registered_by=by, gate=gate)
         staged = staging.stage(Path(source), self.root / VERSIONS, move)
         final = self.root / record.path
+        try:
+            staging.set_manifest_field(staged, "gate", gate)  # the stored copy: ours only
+        except BaseException:
+            staging.give_back(staged, Path(source))
+            shutil.rmtree(staged, ignore_errors=True)
+            raise
         try:
             self.index.update(lambda index: self._add_version(index, record, staged),
                               undo=lambda: os.rename(final, staged))  # unpublish
@@ -115,7 +143,7 @@ class Registry:
             shutil.rmtree(staged, ignore_errors=True)  # gone already when published
         if move and Path(source).exists():
             shutil.rmtree(source)  # a cross-filesystem move copied; drop the original now
-        return record
+        return record, True
 
     def _same_or_conflict(self, existing: VersionRecord, artifact: Artifact) -> VersionRecord:
         if staging.same_files(self.artifact(existing.version_id), artifact):
@@ -129,6 +157,37 @@ class Registry:
         staging.publish(staged, self.root / record.path)
         index["versions"][record.version_id] = record.to_json()
 
+    def delete_version(self, version_id: str) -> VersionRecord:
+        """Retire a version: its index entry goes in one atomic update (Conflict while it
+        serves a gallery, or is the parent of the version that does), then its directory.
+        A crash in between leaves only an unindexed directory, which a later registration
+        of that id replaces."""
+        def change(index: dict[str, Any]) -> VersionRecord:
+            record = _version(index, version_id)
+            for gallery in _galleries(index).values():
+                if gallery.active == version_id:
+                    raise Conflict(f"version '{version_id}' serves gallery '{gallery.name}'; "
+                                   f"promote or roll back to another version first")
+                if self._parent(index, gallery.active) == version_id:
+                    raise Conflict(f"version '{version_id}' is the parent of "
+                                   f"'{gallery.active}', which serves gallery "
+                                   f"'{gallery.name}'; keep it while its child serves")
+            del index["versions"][version_id]
+            return record
+        record = self.index.update(change)
+        _discard(self.root / record.path)
+        return record
+
+    def _parent(self, index: dict[str, Any], version_id: str) -> str | None:
+        """The manifest's ``parent`` of a registered version (None if it has none)."""
+        if version_id not in index.get("versions", {}):
+            return None
+        try:
+            parent = self.manifest(version_id).get("parent")
+        except RegistryError:
+            return None
+        return parent if isinstance(parent, str) else None
+
     # ------------------------------------------------------------ galleries
     def create_gallery(self, name: str, space: str, *, by: str, version: str | None = None,
                        validation: str | None = None) -> GalleryRecord:
@@ -138,8 +197,7 @@ class Registry:
         self.check_gallery_name(name)
 
         def change(index: dict[str, Any]) -> GalleryRecord:
-            if name in index["galleries"]:
-                raise AlreadyExists(f"gallery '{name}' already exists")
+            _name_free(index, name)
             chosen = _version(index, version) if version else _newest_native(index, space)
             if space not in chosen.routes:
                 raise SpaceMismatch(_no_route(chosen, space))
@@ -149,6 +207,31 @@ class Registry:
             index["galleries"][name] = record.to_json()
             return record
         return self.index.update(change)
+
+    def check_new_gallery(self, name: str) -> None:
+        """AlreadyExists, or Conflict while an earlier gallery of that name is being deleted
+        (its collection may still exist: a new gallery must not inherit its items)."""
+        self.check_gallery_name(name)
+        _name_free(self.index.read(), name)
+
+    def retire_gallery(self, name: str, *, by: str) -> GalleryRecord:
+        """Step 1 of deleting a gallery: its record leaves the index for a tombstone (one
+        atomic update), so from here on nothing lists, serves or writes to it. Repeating
+        it for a gallery whose deletion was interrupted returns the record again."""
+        def change(index: dict[str, Any]) -> GalleryRecord:
+            pending = index.get(DELETING, {})
+            if name in pending:
+                return GalleryRecord.from_json(pending[name]["record"])
+            record = _gallery(index, name)
+            del index["galleries"][name]
+            index.setdefault(DELETING, {})[name] = {"record": record.to_json(), "by": by,
+                                                    "at": utc_now()}
+            return record
+        return self.index.update(change)
+
+    def forget_gallery(self, name: str) -> None:
+        """The last step of deleting a gallery (its collection and thumbnails are gone)."""
+        self.index.update(lambda index: index.get(DELETING, {}).pop(name, None))
 
     def set_gate(self, version_id: str, report: dict[str, Any]) -> VersionRecord:
         """Store a (new) gate report of a registered version: in the index, and in the
@@ -175,8 +258,10 @@ class Registry:
             overrides = _failed_checks(record, candidate)
             if overrides and not force:
                 raise _refusal(overrides[0], record, candidate)
-            event = Event("promote", version, record.active, by, utc_now(), reason, force,
-                          tuple(overrides))
+            event = Event("promote", version, record.active, by, utc_now(), reason,
+                          bool(overrides), tuple(overrides))
+            if overrides:
+                _record_forced(index, candidate, gallery, event)
             return _save(index, record.with_event(event))
         return self.index.update(change)
 
@@ -208,15 +293,43 @@ def _galleries(index: dict[str, Any]) -> dict[str, GalleryRecord]:
 def _version(index: dict[str, Any], version_id: str) -> VersionRecord:
     data = index.get("versions", {}).get(version_id)
     if data is None:
-        raise VersionNotFound(f"model version '{version_id}' is not registered")
+        raise VersionNotFound(f"model version '{shown(version_id)}' is not registered")
     return VersionRecord.from_json(data)
 
 
 def _gallery(index: dict[str, Any], name: str) -> GalleryRecord:
     data = index.get("galleries", {}).get(name)
     if data is None:
-        raise GalleryNotFound(f"gallery '{name}' does not exist")
+        raise GalleryNotFound(f"gallery '{shown(name)}' does not exist")
     return GalleryRecord.from_json(data)
+
+
+def _name_free(index: dict[str, Any], name: str) -> None:
+    if name in index.get("galleries", {}):
+        raise AlreadyExists(f"gallery '{name}' already exists")
+    if name in index.get(DELETING, {}):
+        raise Conflict(f"gallery '{name}' is still being deleted; repeat DELETE "
+                       f"/v1/galleries/{name} to finish, then create it again")
+
+
+def _record_forced(index: dict[str, Any], version: VersionRecord, gallery: str,
+                   event: Event) -> None:
+    """A forced promotion is written on the version too: who, when, why, what it skipped."""
+    entry = {"gallery": gallery, "by": event.by, "at": event.at, "reason": event.reason,
+             "overrides": list(event.overrides)}
+    index["versions"][version.version_id] = replace(
+        version, forced=(*version.forced, entry)).to_json()
+
+
+def _discard(path: Path) -> None:
+    """Remove a directory that is no longer indexed: renamed aside first (one atomic step,
+    so no reader ever sees half of it), then deleted."""
+    trash = path.with_name(f".deleted-{path.name}-{uuid.uuid4().hex[:8]}")
+    try:
+        os.rename(path, trash)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def _save(index: dict[str, Any], record: GalleryRecord) -> GalleryRecord:
@@ -227,7 +340,7 @@ def _save(index: dict[str, Any], record: GalleryRecord) -> GalleryRecord:
 def _newest_native(index: dict[str, Any], space: str) -> VersionRecord:
     native = [v for v in _versions(index).values() if v.space == space]
     if not native:
-        raise Conflict(f"no registered version embeds natively into space '{space}'; "
+        raise Conflict(f"no registered version embeds natively into space '{shown(space)}'; "
                        f"register one or name the version that serves the gallery")
     return max(native, key=lambda v: v.registered_at)
 

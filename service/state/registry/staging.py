@@ -86,6 +86,24 @@ def write_manifest_field(artifact_dir: Path, key: str, value: object) -> None:
     path = artifact_dir / MANIFEST
     manifest = json.loads(path.read_text())
     manifest[key] = value
+    _write_manifest(path, manifest)
+
+
+def set_manifest_field(artifact_dir: Path, key: str, value: object | None) -> None:
+    """Make one top-level field ``value`` (None: absent); an unchanged manifest is not
+    rewritten. Registration uses it so a stored manifest holds only the service's gate."""
+    path = artifact_dir / MANIFEST
+    manifest = json.loads(path.read_text())
+    if manifest.get(key) == value and (value is not None or key not in manifest):
+        return
+    if value is None:
+        del manifest[key]
+    else:
+        manifest[key] = value
+    _write_manifest(path, manifest)
+
+
+def _write_manifest(path: Path, manifest: dict) -> None:
     tmp = path.with_name(f".{MANIFEST}.tmp-{uuid.uuid4().hex[:8]}")
     try:
         tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True))

@@ -3,8 +3,8 @@
 // the API key the person typed (kept in sessionStorage, so it goes away with the tab).
 
 import {
-  ago, el, fmt, galleriesTable, gateBadge, gateOf, gateReport, isActive, lineageTree,
-  progressOf, statusBadge, versionFacts,
+  ago, el, fmt, forcedList, galleriesTable, gateBadge, gateOf, gateReport, isActive,
+  lineageTree, progressOf, statusBadge, versionFacts, versionGateBadge,
 } from "./views.js";
 
 const KEY_STORE = "nobackfill.apiKey";
@@ -317,10 +317,11 @@ function renderModels() {
 function versionDetail(version) {
   const id = version.version_id;
   return el("div", {},
-    el("h2", {}, `Version ${id} `, gateBadge(gateOf(version))),
+    el("h2", {}, `Version ${id} `, versionGateBadge(version)),
     versionFacts(version),
     swapForm(id),
     el("h3", {}, "Gate report"),
+    forcedList(version),
     gateReport(gateOf(version)));
 }
 

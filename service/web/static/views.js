@@ -60,9 +60,26 @@ export function gateBadge(gate) {
   return gate.passed ? badge("gate passed", "ok") : badge("gate failed", "bad");
 }
 
-/** A version's gate report: the record's, else the one in its manifest. */
+/** A version's gate report: the record's only. The service runs every gate it records; a
+ * report in an artifact's manifest was never checked, so it is not shown as a verdict. */
 export function gateOf(version) {
-  return version?.gate ?? version?.manifest?.gate ?? null;
+  return version?.gate ?? null;
+}
+
+/** A version's gate badge: "gate forced" when an operator promoted it past the gate. */
+export function versionGateBadge(version) {
+  if (version?.gate_status === "forced") return badge("gate forced", "forced");
+  return gateBadge(gateOf(version));
+}
+
+/** Who forced the version past a check, when, into which gallery, and why. */
+export function forcedList(version) {
+  const forced = Array.isArray(version?.forced) ? version.forced : [];
+  if (!forced.length) return null;
+  return el("ul", {class: "forced"}, forced.map((f) => el("li", {},
+    badge("forced", "forced"), ` into ${f.gallery} by ${f.by}, ${f.at}`,
+    Array.isArray(f.overrides) && f.overrides.length ? ` (skipped: ${f.overrides.join(", ")})`
+      : "", f.reason ? ` — ${f.reason}` : "")));
 }
 
 // ------------------------------------------------------------------ galleries
@@ -91,7 +108,8 @@ function lastEvent(history) {
   if (!Array.isArray(history) || !history.length) return "";
   const e = history[history.length - 1];
   const from = e.previous ? ` (from ${e.previous})` : "";
-  return `${e.action} ${e.version}${from} by ${e.by}, ${ago(e.at)}` +
+  const forced = e.forced ? ` FORCED (skipped: ${(e.overrides || []).join(", ")})` : "";
+  return `${e.action} ${e.version}${from}${forced} by ${e.by}, ${ago(e.at)}` +
     (e.reason ? ` — ${e.reason}` : "");
 }
 
@@ -137,7 +155,7 @@ function versionNode(v, activeGalleries, isSelected, onSelect, lostParent) {
   el("strong", {}, v.version_id),
   m.kind ? badge(m.kind, "kind") : null,
   el("span", {class: "muted small"}, ` space ${v.space}`),
-  gateBadge(gateOf(v)),
+  versionGateBadge(v),
   activeGalleries.map((g) => badge(`active: ${g}`, "active")),
   lostParent ? el("span", {class: "muted small"}, ` from ${lostParent} (not registered)`) : null);
 }
@@ -167,7 +185,8 @@ function definitionList(pairs) {
 /** The whole gate report: verdict, criterion, other fields, matrix table + heatmap, raw. */
 export function gateReport(gate) {
   if (gate === null || gate === undefined) {
-    return el("p", {class: "muted"}, "No gate report: this version was registered without one.");
+    return el("p", {class: "muted"}, "No gate report: the service has not gated this version " +
+      "yet (an evaluate job runs the gate).");
   }
   if (!isObject(gate)) return el("pre", {class: "raw"}, JSON.stringify(gate, null, 2));
   const known = ["passed", "criterion", "matrix"];

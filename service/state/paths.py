@@ -1,0 +1,156 @@
+"""Where a request may point the service: every path it names must lie under an allowed root.
+
+The gateway and the workers can read much more than datasets (``/proc/self/environ``
+holds the secrets, ``/etc`` the host's configuration), so a path taken from a request
+(a dataset, a gallery's validation set, a corpus, a checkpoint, a model to register) is
+resolved, symlinks followed, and refused with ``InvalidInput`` (422) unless it lies under
+one of ``Settings.path_roots``: DATA_DIR, the registry, DATASETS_DIR and ALLOWED_ROOTS.
+
+A dataset is a directory holding ``manifest.jsonl`` or a ``.jsonl``/``.csv`` manifest, and
+every image a manifest names must lie under a root too: a manifest inside a root could
+otherwise point the worker anywhere. Rows are checked by string (the image path joined
+onto the manifest's resolved folder and normalised), which is cheap for large manifests;
+symlinks *inside* the roots are trusted, since whoever can create them can already write
+there. The gateway checks before anything is queued, and the worker again before it reads
+(``worker.context.JobContext.open_dataset``): the file may have changed in between.
+
+Error messages never echo more than 64 characters of what the caller sent.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from service.state.config import Settings
+from service.state.errors import InvalidInput, shown
+
+MANIFEST = "manifest.jsonl"
+MANIFEST_TYPES = (".jsonl", ".csv")
+
+
+def quoted(text: str) -> str:
+    """A caller's path as an error message may echo it (``errors.shown``: 64 characters)."""
+    return f"'{shown(text)}'"
+
+
+@dataclass(frozen=True)
+class Roots:
+    """The allowed roots, resolved once; ``confine`` and ``dataset`` check request paths."""
+
+    dirs: tuple[Path, ...]
+
+    @classmethod
+    def of(cls, settings: Settings) -> Roots:
+        return cls(tuple(dict.fromkeys(Path(os.path.realpath(p)) for p in settings.path_roots)))
+
+    def contains(self, path: str) -> bool:
+        """Whether the absolute, normalised ``path`` is a root or lies under one."""
+        return any(path == str(root) or path.startswith(str(root).rstrip(os.sep) + os.sep)
+                   for root in self.dirs)
+
+    def describe(self) -> str:
+        return ", ".join(str(root) for root in self.dirs)
+
+    def confine(self, path: str, name: str) -> Path:
+        """``path`` resolved (symlinks followed), or InvalidInput when it is outside every
+        root or cannot be a path at all (NUL bytes, too long)."""
+        try:
+            resolved = Path(path).resolve()
+        except (OSError, RuntimeError, ValueError):
+            raise InvalidInput(f"{name}: {quoted(path)} is not a usable path") from None
+        if not self.contains(str(resolved)):
+            raise InvalidInput(f"{name}: {quoted(path)} is outside the allowed roots "
+                               f"({self.describe()}); put it under one of them or add a root "
+                               f"with NOBACKFILL_ALLOWED_ROOTS")
+        return resolved
+
+    def file(self, path: str, name: str) -> Path:
+        """A regular file under a root."""
+        resolved = self.confine(path, name)
+        if _kind(resolved) != "file":
+            raise InvalidInput(f"{name}: no file at {quoted(path)}")
+        return resolved
+
+    def manifest(self, path: str, name: str) -> Path:
+        """The manifest file of a dataset under a root: ``path/manifest.jsonl`` for a
+        directory, else ``path`` itself, which must be a ``.jsonl`` or ``.csv`` file."""
+        target = self.confine(path, name)
+        kind = _kind(target)
+        if kind == "dir":
+            target = target / MANIFEST
+        elif kind is not None and target.suffix not in MANIFEST_TYPES:
+            raise InvalidInput(f"{name}: {quoted(path)} is not a dataset: give a directory "
+                               f"holding {MANIFEST} or a .jsonl/.csv manifest")
+        if _kind(target) != "file":
+            raise InvalidInput(f"{name}: no dataset at {quoted(path)} (a directory with "
+                               f"{MANIFEST}, or a JSONL/CSV manifest)")
+        return target
+
+    def dataset(self, path: str, name: str) -> Path:
+        """The dataset's manifest once it and every image it names are under a root."""
+        manifest = self.manifest(path, name)
+        base = str(manifest.parent)
+        for where, image in manifest_images(manifest):
+            full = os.path.normpath(os.path.join(base, os.path.expanduser(image)))
+            if not self.contains(full):
+                raise InvalidInput(f"{name}: {where}: image {quoted(image)} is outside the "
+                                   f"allowed roots ({self.describe()})")
+        return manifest
+
+
+def _kind(path: Path) -> str | None:
+    """"dir", "file", "other", or None when nothing is there or it cannot be looked at (a
+    name too long, no permission): a request's path must never turn into a 500."""
+    try:
+        if path.is_dir():
+            return "dir"
+        if path.is_file():
+            return "file"
+        return "other" if path.exists() else None
+    except (OSError, ValueError):
+        return None
+
+
+def manifest_images(manifest: Path) -> Iterator[tuple[str, str]]:
+    """(where, image path as written) of every row, read the way ``training.data`` reads
+    manifests; InvalidInput for a manifest that cannot be read at all."""
+    try:
+        if manifest.suffix == ".csv":
+            yield from _csv_images(manifest)
+        else:
+            yield from _jsonl_images(manifest)
+    except UnicodeDecodeError:
+        raise InvalidInput(f"{manifest.name}: not UTF-8 text") from None
+    except OSError as exc:
+        raise InvalidInput(f"{manifest.name}: unreadable ({exc.strerror})") from None
+
+
+def _jsonl_images(manifest: Path) -> Iterator[tuple[str, str]]:
+    with manifest.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            where = f"{manifest.name} line {number}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                raise InvalidInput(f"{where}: malformed JSON") from None
+            if not isinstance(row, dict) or not isinstance(row.get("image"), str):
+                raise InvalidInput(f"{where}: expected an object with an 'image' path")
+            yield where, row["image"]
+
+
+def _csv_images(manifest: Path) -> Iterator[tuple[str, str]]:
+    with manifest.open(encoding="utf-8", newline="") as handle:
+        reader = csv.DictReader(handle)
+        if "image" not in (reader.fieldnames or ()):
+            raise InvalidInput(f"{manifest.name}: no 'image' column")
+        for number, row in enumerate(reader, start=2):  # line 1 is the header
+            image = (row.get("image") or "").strip()
+            if image:
+                yield f"{manifest.name} line {number}", image
