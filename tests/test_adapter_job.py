@@ -10,7 +10,7 @@ import io
 from pathlib import Path
 
 from conftest import ADMIN
-from test_worker import gateway, job_settings, submit, until, wait_for, world, worker_process
+from test_worker import gateway, job_settings, submit, until, wait_for, worker_process, world
 
 __all__ = ["world"]  # the module-scoped dataset fixture, shared with the job tests
 

@@ -188,3 +188,19 @@ def test_operators_set_the_bound_as_a_process_setting(monkeypatch: pytest.Monkey
     assert Settings(gate_max_negative_flip=0.05).gate_max_negative_flip == 0.05
     with pytest.raises(ValidationError):
         Settings(gate_max_negative_flip=1.5)
+
+
+def test_the_demo_gate_table_shows_negative_flips_with_their_bound() -> None:
+    from service.stack.demo.report import gate_table
+
+    check = {"subset": "all", "direction": "t2i", "new_to_old": 0.5, "old_to_old": 0.4,
+             "required": 0.4, "passed": True}
+    _, rows = gate_table({"checks": [check], "negative_flip": {"t2i": 0.05, "i2t": 0.0},
+                          "max_negative_flip": None})
+    assert ["negative flips", "t2i", "0.050", "-", "off", "-"] in rows
+    flip_check = {**check, "metric": "negative flip", "new_to_old": 0.05, "required": 0.01,
+                  "passed": False}
+    _, rows = gate_table({"checks": [check, flip_check], "negative_flip": {"t2i": 0.05},
+                          "max_negative_flip": 0.01})
+    assert rows[-1] == ["negative flips", "t2i", "0.050", "-", "<= 0.010", "NO"]
+    assert len(rows) == 2  # the flip check is shown once, as its own row

@@ -57,7 +57,8 @@ GATE = {"passed": True, "criterion": {"metric": "R@1", "margin": 0.0, "retention
         "matrix": {"models": ["v1", "v1.1", "v3"], "cells": {
             "v1": {"v1": cell(0.80, 0.70), "v1.1": cell(0.78, 0.69), "v3": None},
             "v1.1": {"v1": cell(0.85, 0.75), "v1.1": cell(0.88, 0.79), "v3": None},
-            "v3": {"v1": None, "v1.1": None, "v3": cell(0.92, 0.90)}}}}
+            "v3": {"v1": None, "v1.1": None, "v3": cell(0.92, 0.90)}}},
+        "negative_flip": {"t2i": 0.031, "i2t": 0.0}, "max_negative_flip": None}
 
 
 @dataclass(frozen=True)
@@ -276,6 +277,8 @@ def test_models_page_shows_lineage_active_version_and_gate(page: Any, live: Live
     assert len(colours) == 5  # five different recalls, five different colours
     page.select_option("#version-detail select.metric", "i2t R@1")
     assert "0.750" in page.text_content("#version-detail table.heatmap")
+    flips = page.text_content("#version-detail p.flips")
+    assert "t2i 3.1%" in flips and "i2t 0.0%" in flips and "no bound set" in flips
 
 
 def test_promote_and_roll_back_from_the_page(page: Any, live: Live) -> None:

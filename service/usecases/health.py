@@ -13,6 +13,7 @@ from typing import Any
 
 from service.runtime.gateway import Gateway
 from service.state.errors import Unavailable
+from service.state.jobs.workers import live_workers
 
 NOT_READY = "not ready; a read or admin key shows why"
 
@@ -33,7 +34,8 @@ async def readiness(gateway: Gateway, detailed: bool) -> dict[str, Any]:
         return {"status": "ready"}
     snapshot = gateway.runtime.snapshot
     return {"status": "ready", "revision": snapshot.revision,
-            "galleries": {name: s.version for name, s in snapshot.galleries.items()}}
+            "galleries": {name: s.version for name, s in snapshot.galleries.items()},
+            "workers": len(await asyncio.to_thread(live_workers, gateway.settings))}
 
 
 def metrics_text(gateway: Gateway) -> bytes:

@@ -31,7 +31,9 @@ async def get_version(version_id: str, gateway: GatewayDep, _: AdminDep) -> Vers
     return VersionOut.of(version.record, version.manifest)
 
 
-@router.post("", response_model=VersionOut, status_code=201)
+@router.post("", response_model=VersionOut, status_code=201,
+             responses={200: {"model": VersionOut, "description": "already registered (the "
+                                                                 "same files): the record"}})
 async def register(body: RegisterIn, gateway: GatewayDep, admin: AdminDep,
                    response: Response) -> VersionOut:
     """Copy (or move) an artifact directory under an allowed root into the registry,

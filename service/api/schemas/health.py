@@ -19,3 +19,6 @@ class ReadyOut(BaseModel):
     revision: int | None = Field(None, description="registry revision served (with a key)")
     galleries: dict[str, str] | None = Field(
         None, description="gallery -> the version serving it (with a read or admin key)")
+    workers: int | None = Field(
+        None, description="workers seen within worker_stale_after_s (with a key); 0 means "
+                          "jobs are refused with 503, search is unaffected")

@@ -39,8 +39,16 @@ def _num(value: float | None) -> str:
 
 # ------------------------------------------------------------------------ tables
 def gate_table(gate: dict[str, Any]) -> Table:
+    """The gate's checks, then its negative-flip rate per direction (queries the incumbent
+    answered right at top-1 and the candidate gets wrong) against its bound, if any."""
     rows = [[c["subset"], c["direction"], _num(c["new_to_old"]), _num(c["old_to_old"]),
-             _num(c["required"]), "yes" if c["passed"] else "NO"] for c in gate["checks"]]
+             _num(c["required"]), "yes" if c["passed"] else "NO"] for c in gate["checks"]
+            if c.get("metric") != "negative flip"]
+    bound = gate.get("max_negative_flip")
+    for direction, rate in (gate.get("negative_flip") or {}).items():
+        ok = "-" if bound is None else ("yes" if rate <= bound else "NO")
+        rows.append(["negative flips", direction, _num(rate), "-",
+                     "off" if bound is None else f"<= {_num(bound)}", ok])
     return (["gate check", "direction", "new->old R@1", "old->old R@1", "required", "passed"],
             rows)
 

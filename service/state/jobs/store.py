@@ -26,7 +26,7 @@ from typing import Any
 
 from filelock import FileLock
 
-from service.state.errors import Conflict, NotFound
+from service.state.errors import Conflict, NotFound, shown
 from service.state.registry.index import utc_now
 
 FINISHED = ("succeeded", "failed", "cancelled")
@@ -81,7 +81,7 @@ class JobStore:
     # ------------------------------------------------------------ paths
     def _path(self, job_id: str) -> Path:
         if not JOB_ID.fullmatch(job_id):  # ids are ours: anything else names no job
-            raise JobNotFound(f"job '{job_id[:80]}' does not exist")
+            raise JobNotFound(f"job '{shown(job_id)}' does not exist")
         return self.root / f"{job_id}.json"
 
     def work_dir(self, job_id: str) -> Path:
@@ -94,7 +94,7 @@ class JobStore:
         try:
             return Job.from_json(json.loads(path.read_text()))
         except FileNotFoundError:
-            raise JobNotFound(f"job '{job_id}' does not exist") from None
+            raise JobNotFound(f"job '{shown(job_id)}' does not exist") from None
 
     def list(self) -> list[Job]:
         jobs = []
@@ -166,7 +166,7 @@ class JobStore:
         loop checks the flag every few steps and leaves no artifact)."""
         def change(job: Job) -> Job:
             if job.finished:
-                raise Conflict(f"job '{job_id}' already {job.status}; nothing to cancel")
+                raise Conflict(f"job '{shown(job_id)}' already {job.status}; nothing to cancel")
             if job.status == "queued":
                 return replace(job, status="cancelled", ended_at=utc_now(),
                                error="cancelled before it started")

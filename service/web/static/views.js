@@ -189,16 +189,29 @@ export function gateReport(gate) {
       "yet (an evaluate job runs the gate).");
   }
   if (!isObject(gate)) return el("pre", {class: "raw"}, JSON.stringify(gate, null, 2));
-  const known = ["passed", "criterion", "matrix"];
+  const known = ["passed", "criterion", "matrix", "negative_flip", "positive_flip",
+    "max_negative_flip"];
   const extra = Object.entries(gate).filter(([k]) => !known.includes(k));
   return el("div", {class: "gate"},
     el("p", {}, gateBadge(gate)),
+    flips(gate),
     isObject(gate.criterion) ? [el("h4", {}, "Criterion"),
       definitionList(Object.entries(gate.criterion))] : null,
     extra.length ? [el("h4", {}, "Details"), definitionList(extra)] : null,
     isObject(gate.matrix) ? compatibility(gate.matrix) : null,
     el("details", {}, el("summary", {}, "raw report"),
       el("pre", {class: "raw"}, JSON.stringify(gate, null, 2))));
+}
+
+/** The negative-flip rates (queries the incumbent answered right at top-1 and the
+ * candidate gets wrong), per direction, with the configured bound. */
+export function flips(gate) {
+  if (!isObject(gate.negative_flip)) return null;
+  const pct = (v) => (typeof v === "number" ? `${(100 * v).toFixed(1)}%` : "-");
+  const bound = typeof gate.max_negative_flip === "number"
+    ? `bound ${pct(gate.max_negative_flip)}` : "no bound set";
+  const dirs = Object.entries(gate.negative_flip).map(([d, v]) => `${d} ${pct(v)}`).join(", ");
+  return el("p", {class: "flips"}, `Negative flips (regressions): ${dirs}; ${bound}.`);
 }
 
 /** Metric names present in a matrix: "t2i R@1", "i2t mAP@10", "rm" ... in a stable order. */
