@@ -182,3 +182,24 @@ def test_bench_upgrade_reports_every_adapter_row(micro_versions: dict[str, Path]
     assert any(k.startswith("adapter fit on 64 items") for k in result["targets"])
     assert (tmp_path / "out" / "seed-1" / "bench-upgrade.json").is_file()
     assert "procrustes shared new->old" in render(result)
+
+
+def test_xbt_can_start_phi_from_the_procrustes_fit() -> None:
+    """``init="procrustes"``: phi is exactly the Procrustes map before stage 1 trains, and
+    records its skip branch so the route rebuilds it."""
+    from types import SimpleNamespace
+
+    from training.xbt.config import XbtConfig
+    from training.xbt.upgrade import TextCache, fresh_projector
+
+    new, rotation = _unit(300, 16, 20), torch.linalg.qr(torch.randn(
+        16, 16, generator=torch.Generator().manual_seed(21)))[0]
+    cache = TextCache(new, new @ rotation)
+    p = SimpleNamespace(new_dim=16, target_dim=16, device="cpu")
+    phi = fresh_projector(p, cache, XbtConfig(init="procrustes"))
+    with torch.no_grad():
+        assert torch.allclose(phi(new), new @ rotation, atol=1e-5)
+    assert phi.dims()["skip"] is True and "skip" not in fresh_projector(
+        p, cache, XbtConfig()).dims()
+    with pytest.raises(ConfigError, match="init"):
+        XbtConfig(init="identity")

@@ -305,8 +305,10 @@ def test_pair_anchor_term_is_direct_loss_on_cached_old_pair_embeddings(bases, wo
     assert torch.allclose(losses["pair_anchor_loss"], by_hand, atol=1e-5)
 
 
-def test_artifact_round_trip_reproduces_in_memory_embeddings(bases, world, tmp_path) -> None:
-    cfg = XbtConfig(**TINY)
+@pytest.mark.parametrize("init", ["random", "procrustes"])
+def test_artifact_round_trip_reproduces_in_memory_embeddings(init, bases, world,
+                                                             tmp_path) -> None:
+    cfg = XbtConfig(**TINY, init=init)
     p = up.prepare(bases["v1"], bases["new"], CORPUS, world, cfg, show_progress=False)
     phi, metrics = up.train_upgrade(p, cfg, show_progress=False)
     art = up.write_upgrade(p, phi, cfg, metrics, tmp_path / "v2", version_id="v2")
@@ -327,6 +329,7 @@ def test_artifact_round_trip_reproduces_in_memory_embeddings(bases, world, tmp_p
     assert set(m["routes"]) == {"new", "v1"} and m["routes"]["v1"]["kind"] == "projector"
     assert XbtConfig.from_dict(m["hyperparameters"]) == cfg
     assert set(m["files"]) == {WEIGHTS, up.ADAPTERS_FILE, up.PROJECTOR_FILE}
+    assert m["routes"]["v1"]["projector_dims"].get("skip", False) is (init == "procrustes")
 
 
 def test_three_version_chain_maps_into_the_root_space(bases, world, tmp_path,

@@ -148,39 +148,66 @@ def train_variant(p: Any, phi: Any, cfg: XbtConfig, anchors: Any, out: Path,
 
 
 def run_upgrades(old: Any, new: Any, bench: XbtBench, old_emb: tuple, gallery: Gallery,
-                 out: Path, draw: int = 0) -> tuple[dict[str, Any], dict[str, float], dict]:
+                 out: Path, draw: int = 0, inits: tuple[str, ...] = (),
+                 ) -> tuple[dict[str, Any], dict[str, float], dict]:
     """Stage 1 once (caching every anchor), then XBT without anchors, with the corpus
-    anchor, with both anchors, and Direct, each from fresh adapters: (cells, seconds,
-    row name -> (artifact, its test-set embeddings)); the text-only row has no artifact."""
-    from training.xbt import get_upgrade
-    from training.xbt.upgrade import prepare, stage1, with_fresh_adapters, write_upgrade
+    anchor, with both anchors, and Direct, each from fresh adapters; for each of ``inits``
+    (e.g. "procrustes") stage 1 again from that start, then XBT and XBT+pairs. Returns
+    (cells, seconds, row name -> (artifact, its test-set embeddings)); the text-only row
+    has no artifact."""
+    from training.xbt.upgrade import cache_text, prepare, pretrain_fresh
 
     cfg = bench.config
     anchored = replace(cfg, anchor=True, pair_anchor=True)
     p = prepare(old, new, f"synth:{bench.corpus}", paired_set(bench.pairs, draw), anchored)
     start = time.perf_counter()
-    phi1, anchors, _ = stage1(p, anchored)
+    cache, anchors = cache_text(p, anchored)
+    phi1, _ = pretrain_fresh(p, cache, anchored)
     seconds = {"stage1": time.perf_counter() - start}
     cells = {"phi text-only new->old": text_only_cell(p, phi1, old_emb, gallery)}
-    routed: dict[str, tuple] = {}
     variants = (("xbt", cfg, "stage2"), ("xbt+anchor", replace(cfg, anchor=True), "stage2_anchor"),
                 ("xbt+pairs", anchored, "stage2_pairs"))
+    routed = _stage2_rows(p, phi1, variants, anchors, old, gallery, out, seconds, first=True)
+    for init in inits:
+        start = time.perf_counter()
+        phi_i, _ = pretrain_fresh(p, cache, replace(anchored, init=init))
+        seconds[f"stage1 ({init} init)"] = time.perf_counter() - start
+        tagged = tuple((f"{name} ({init} init)", replace(c, init=init), f"{timing} ({init} init)")
+                       for name, c, timing in variants if name in ("xbt", "xbt+pairs"))
+        routed |= _stage2_rows(p, phi_i, tagged, anchors, old, gallery, out, seconds)
+    routed |= _direct_row(p, cfg, old, gallery, out, seconds)
+    cells.update({name: cell(emb, old_emb, gallery) for name, (_, emb) in routed.items()})
+    return cells, seconds, routed
+
+
+def _stage2_rows(p: Any, phi: Any, variants: tuple, anchors: Any, old: Any, gallery: Gallery,
+                 out: Path, seconds: dict[str, float], first: bool = False) -> dict[str, tuple]:
+    """Each variant's stage 2 from a copy of ``phi``, on fresh adapters (but the very first,
+    which uses the adapters ``prepare`` made); each config picks its cached anchors."""
+    from training.xbt.upgrade import with_fresh_adapters
+
+    routed = {}
     for k, (name, variant_cfg, timing) in enumerate(variants):
-        # each variant's config picks the cached anchors it uses (Anchors.for_config)
-        fresh = p if k == 0 else with_fresh_adapters(p, variant_cfg)
-        art, seconds[timing] = train_variant(fresh, copy.deepcopy(phi1), variant_cfg, anchors,
-                                             out, name.replace("+", "-"))
+        fresh = p if first and k == 0 else with_fresh_adapters(p, variant_cfg)
+        slug = name.replace("+", "-").replace(" ", "-").replace("(", "").replace(")", "")
+        art, seconds[timing] = train_variant(fresh, copy.deepcopy(phi), variant_cfg, anchors,
+                                             out, slug)
         routed[f"{name} new->old"] = (art, artifact_embeddings(art, old.space, gallery))
+    return routed
+
+
+def _direct_row(p: Any, cfg: XbtConfig, old: Any, gallery: Gallery, out: Path,
+                seconds: dict[str, float]) -> dict[str, tuple]:
+    from training.xbt import get_upgrade
+    from training.xbt.upgrade import with_fresh_adapters, write_upgrade
+
     direct_cfg = replace(cfg, method="direct")
     fresh = with_fresh_adapters(p, direct_cfg)
     start = time.perf_counter()
     phi_d, metrics = get_upgrade("direct")(direct_cfg).train(fresh)  # {"direct": ...}
     seconds["direct"] = time.perf_counter() - start
     art = write_upgrade(fresh, phi_d, direct_cfg, metrics, out / "direct", "direct")
-    routed["direct new->old"] = (art, artifact_embeddings(art, old.space, gallery))
-    cells.update({name: cell(emb, old_emb, gallery) for name, (_, emb) in routed.items()})
-    return cells, seconds, routed
-
+    return {"direct new->old": (art, artifact_embeddings(art, old.space, gallery))}
 
 
 # ---------------------------------------------------------------------------- targets

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 XBT_LOG_LOGIT_SCALE = 2.6592  # log of 1/0.07: the logit scale is exp of it, not a temperature
 # Transformer blocks of both towers (ViT and text), and a ResNet tower's bottleneck convs.
+INITS = ("random", "procrustes")
 DEFAULT_LORA_TARGETS = r".*resblocks\.\d+\.(attn|mlp\.c_fc|mlp\.c_proj)|visual\.layer\d+\.\d+\.conv\d"
 
 
@@ -102,10 +103,16 @@ class XbtConfig(MethodConfig):
     layer_norms: bool = setting(True, "train LayerNorm deltas of both towers")
     language: str = setting("en", "caption language of the paired set")
     seed: int = setting(0, "seed of initialisation, batch order and noise")
+    init: str = setting("random", "phi's start: random (the paper), or procrustes: phi gets a "
+                                  "linear skip branch set to the orthogonal Procrustes fit of "
+                                  "stage 1's cached text pairs (fc3 zeroed), so stage 1 starts "
+                                  "from the closed-form map")
 
     def __post_init__(self) -> None:
         if self.method not in UPGRADES:
             raise ConfigError(f"method must be one of {tuple(UPGRADES)}, got {self.method!r}")
+        if self.init not in INITS:
+            raise ConfigError(f"init must be one of {INITS}, got {self.init!r}")
         if self.noise_sigma < 0:
             raise ConfigError(f"noise_sigma must be >= 0, got {self.noise_sigma}")
         for name in ("pretrain_lr", "lr", "prompt_lr"):

@@ -19,9 +19,15 @@ HIDDEN_FACTOR = 4
 
 
 class Projector(nn.Sequential):
-    """phi: [..., in_dim] new-space features -> [..., out_dim] old-space features (unnormalised)."""
+    """phi: [..., in_dim] new-space features -> [..., out_dim] old-space features (unnormalised).
 
-    def __init__(self, in_dim: int, out_dim: int, hidden_dim: int | None = None) -> None:
+    With ``skip``, phi also has a linear branch ``x W`` (no bias) added to the MLP's output:
+    ``XbtConfig(init="procrustes")`` sets W to the closed-form Procrustes fit of stage 1's
+    cached text pairs and zeroes ``fc3``, so stage 1 starts from that fit (the skip is a
+    linear map: frozen in stage 2 like phi's other linear maps)."""
+
+    def __init__(self, in_dim: int, out_dim: int, hidden_dim: int | None = None,
+                 skip: bool = False) -> None:
         hidden = hidden_dim or HIDDEN_FACTOR * out_dim
         if min(in_dim, out_dim, hidden) < 1:
             raise ConfigError(f"projector dims must be positive, got in={in_dim}, "
@@ -32,10 +38,34 @@ class Projector(nn.Sequential):
             ("fc3", nn.Linear(hidden, out_dim)),
         ]))
         self.in_dim, self.hidden_dim, self.out_dim = in_dim, hidden, out_dim
+        self.mlp_layers = list(self._modules)  # the sequence; ``skip`` is not part of it
+        self.has_skip = skip
+        if skip:
+            self.add_module("skip", nn.Linear(in_dim, out_dim, bias=False))
 
-    def dims(self) -> dict[str, int]:
-        """What a route records to rebuild phi: ``{"in_dim", "hidden_dim", "out_dim"}``."""
-        return {"in_dim": self.in_dim, "hidden_dim": self.hidden_dim, "out_dim": self.out_dim}
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x
+        for name in self.mlp_layers:
+            y = self._modules[name](y)  # type: ignore[misc]
+        return y + self.skip(x) if self.has_skip else y
+
+    def start_from(self, weight: torch.Tensor) -> None:
+        """Make phi the linear map ``x weight`` ([in_dim, out_dim]): skip = weight, fc3 = 0."""
+        if not self.has_skip:
+            raise ConfigError("start_from needs a projector built with skip=True")
+        with torch.no_grad():
+            self.skip.weight.copy_(weight.T)
+            nn.init.zeros_(self.fc3.weight)
+            nn.init.zeros_(self.fc3.bias)
+
+    def dims(self) -> dict[str, int | bool]:
+        """What a route records to rebuild phi: ``{"in_dim", "hidden_dim", "out_dim"}``
+        (and ``"skip": True`` for a phi with a skip branch)."""
+        dims: dict[str, int | bool] = {"in_dim": self.in_dim, "hidden_dim": self.hidden_dim,
+                                       "out_dim": self.out_dim}
+        if self.has_skip:
+            dims["skip"] = True
+        return dims
 
     def layer_norm_parameters(self) -> list[nn.Parameter]:
         """phi's LayerNorm weights and biases: the only part of phi stage 2 trains."""

@@ -364,11 +364,29 @@ def stage1(p: Prepared, cfg: XbtConfig, show_progress: bool = True,
     start = time.perf_counter()
     cache, anchors = cache_text(p, cfg, show_progress)
     cached = time.perf_counter() - start
+    phi, metrics = pretrain_fresh(p, cache, cfg, show_progress, on_progress)
+    return phi, anchors, {"corpus_captions": len(p.corpus), "cache_seconds": cached, **metrics}
+
+
+def fresh_projector(p: Prepared, cache: TextCache, cfg: XbtConfig) -> Projector:
+    """A new phi: random (the paper), or starting as the Procrustes map of the cached text
+    pairs (new text embedding -> old text embedding), ``cfg.init``."""
     torch.manual_seed(cfg.seed)
-    phi = Projector(p.new_dim, p.target_dim).to(p.device)
+    if cfg.init == "random":
+        return Projector(p.new_dim, p.target_dim).to(p.device)
+    from training.adapters.maps import procrustes
+
+    phi = Projector(p.new_dim, p.target_dim, skip=True)
+    phi.start_from(procrustes(cache.new, cache.old))
+    return phi.to(p.device)
+
+
+def pretrain_fresh(p: Prepared, cache: TextCache, cfg: XbtConfig, show_progress: bool = True,
+                   on_progress: OnProgress = None) -> tuple[Projector, dict[str, Any]]:
+    """Stage 1 on an existing cache: a fresh phi (``cfg.init``) pretrained on it."""
+    phi = fresh_projector(p, cache, cfg)
     result = pretrain_projector(phi, cache, cfg, show_progress, on_progress)
-    return phi, anchors, {"corpus_captions": len(p.corpus), "cache_seconds": cached,
-                         **result_metrics(result)}
+    return phi, {"init": cfg.init, **result_metrics(result)}
 
 
 def direct(p: Prepared, cfg: XbtConfig, show_progress: bool = True,
