@@ -191,3 +191,13 @@ def _one_step(task: Task, batch: Any, opt: torch.optim.Optimizer, params: list[t
     if after_step is not None:
         after_step(opt)
     return float(total.detach())
+
+
+def index_batches(n: int, batch_size: int, seed: int) -> Iterator[torch.Tensor]:
+    """Endless [B] indices into n cached rows, a fresh seeded permutation per epoch."""
+    gen = torch.Generator().manual_seed(seed)
+    batch_size = min(batch_size, n)
+    while True:
+        order = torch.randperm(n, generator=gen)
+        for start in range(0, n - batch_size + 1, batch_size):
+            yield order[start:start + batch_size]

@@ -16,7 +16,6 @@ strategies and the upgrade methods:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import ClassVar
 
 import torch
@@ -24,6 +23,7 @@ from torch import nn
 
 from training.adapters.config import AdapterFitConfig
 from training.method_registry import MethodRegistry
+from training.trainer import index_batches
 
 
 class EmbeddingMap(nn.Module):
@@ -141,20 +141,10 @@ def train_residual(m: EmbeddingMap, x: torch.Tensor, y: torch.Tensor,
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     target = nn.functional.normalize(y.float(), dim=-1)
     losses = []
-    for _, idx in zip(range(cfg.steps), _batches(len(x), cfg.batch_size, cfg.seed)):
+    for _, idx in zip(range(cfg.steps), index_batches(len(x), cfg.batch_size, cfg.seed)):
         loss = (1 - (m(x[idx]) * target[idx]).sum(-1)).mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
         losses.append(float(loss.detach()))
     return losses
-
-
-def _batches(n: int, batch_size: int, seed: int) -> Iterator[torch.Tensor]:
-    """Endless [B] indices, a fresh seeded permutation per epoch."""
-    gen = torch.Generator().manual_seed(seed)
-    batch_size = min(batch_size, n)
-    while True:
-        order = torch.randperm(n, generator=gen)
-        for start in range(0, n - batch_size + 1, batch_size):
-            yield order[start:start + batch_size]

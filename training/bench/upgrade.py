@@ -32,8 +32,11 @@ from training.bench.xbt import (
     cell,
     default_config,
     load_gallery,
+    open_base,
+    recalls,
     reference,
     run_upgrades,
+    share_text,
 )
 from training.console import report_command
 
@@ -181,17 +184,10 @@ def _seconds(short: str, seconds: dict[str, float]) -> float:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from training.artifacts import load_artifact
     from training.versions import load_encoder
 
-    base, out = Path(args.base), Path(args.out) / f"seed-{args.seed}"
-    for name in ("old", "new"):
-        if not (base / name / "manifest.json").is_file():
-            raise SystemExit(f"{base / name} is not an artifact; run `nobackfill bench base "
-                             f"--out {base}` first or pass --base DIR")
-    if out.exists():
-        raise SystemExit(f"{out} exists; remove it or choose another --out")
-    old, new = load_artifact(base / "old"), load_artifact(base / "new")
+    out = Path(args.out) / f"seed-{args.seed}"
+    old, new = open_base(Path(args.base), out)
     gallery = load_gallery(args.seed)
     old_emb, cells, _ = reference(old, new, gallery)
     routed, seconds = run_adapters(old, new, args.sample, args.seed, gallery, out)
@@ -216,14 +212,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def _recalls(c: dict[str, Any], direction: str) -> str:
-    return "/".join(f"{c[direction][f'R@{k}']:.3f}" for k in (1, 5, 10))
-
-
-def _share(value: float | None) -> str:
-    return "  n/a" if value is None else f"{value:5.2f}"
-
-
 def render(result: dict[str, Any]) -> str:
     native = result["native_query_ms"]
     lines = [(f"seed {result['seed']}; adapters fitted on {result['sample']} items; SLERP t = "
@@ -233,10 +221,10 @@ def render(result: dict[str, Any]) -> str:
               f"neg.flip t2i/i2t  fit/train s  GPU  +ms text/image")]
     for name, c in result["cells"].items():
         row = result["rows"].get(name)
-        line = f"{name:28} {_recalls(c, 't2i'):19} {_recalls(c, 'i2t'):19}"
+        line = f"{name:28} {recalls(c, 't2i'):19} {recalls(c, 'i2t'):19}"
         if row:
             g, f, lat = row["gain_share"], row["flips"], row["added_query_ms"]
-            line += (f" {_share(g['t2i'])}/{_share(g['i2t'])}  {f['t2i']['negative']:.3f}/"
+            line += (f" {share_text(g['t2i'])}/{share_text(g['i2t'])}  {f['t2i']['negative']:.3f}/"
                      f"{f['i2t']['negative']:.3f}   {row['seconds']:9.1f}  "
                      f"{'yes' if row['gpu_class_budget'] else 'no ':3}  "
                      f"{lat['text']:+.2f}/{lat['image']:+.2f}")

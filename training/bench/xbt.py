@@ -248,10 +248,10 @@ def bench_from(args: argparse.Namespace) -> XbtBench:
                     config=replace(default_config(), **overrides))
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def open_base(base: Path, out: Path) -> tuple[Any, Any]:
+    """(OLD, NEW) of ``bench base`` in ``base``, checking that ``out`` is new."""
     from training.artifacts import load_artifact
 
-    bench, base, out = bench_from(args), Path(args.base), Path(args.out)
     for name in ("old", "new"):
         if not (base / name / "manifest.json").is_file():
             raise SystemExit(f"{base / name} is not an artifact; run `nobackfill bench base "
@@ -259,6 +259,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if out.exists():
         raise SystemExit(f"{out} exists; remove it or choose another --out")
     old, new = load_artifact(base / "old"), load_artifact(base / "new")
+    return old, new
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    bench, base, out = bench_from(args), Path(args.base), Path(args.out)
+    old, new = open_base(base, out)
     gallery = load_gallery()
     old_emb, cells, reembed = reference(old, new, gallery)
     upgraded, seconds, _ = run_upgrades(old, new, bench, old_emb, gallery, out)
@@ -274,11 +280,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def _recalls(c: dict[str, Any], direction: str) -> str:
+def recalls(c: dict[str, Any], direction: str) -> str:
     return "/".join(f"{c[direction][f'R@{k}']:.3f}" for k in (1, 5, 10))
 
 
-def _closure(value: float | None) -> str:
+def share_text(value: float | None) -> str:
     return "  n/a" if value is None else f"{value:5.2f}"
 
 
@@ -286,8 +292,8 @@ def render(result: dict[str, Any]) -> str:
     lines = ["query->gallery           t2i R@1/5/10         i2t R@1/5/10         gap closed t2i/i2t"]
     for name, c in result["cells"].items():
         gap = result["gap_closure_r1"].get(name)
-        closed = f"{_closure(gap['t2i'])}/{_closure(gap['i2t'])}" if gap else ""
-        lines.append(f"{name:23}  {_recalls(c, 't2i'):19}  {_recalls(c, 'i2t'):19}  {closed}")
+        closed = f"{share_text(gap['t2i'])}/{share_text(gap['i2t'])}" if gap else ""
+        lines.append(f"{name:23}  {recalls(c, 't2i'):19}  {recalls(c, 'i2t'):19}  {closed}")
     s, b, g = result["seconds"], result["backfill"], result["gallery_used_for_evaluation_only"]
     lines += [(f"wall s: stage 1 {s['stage1']:.0f} | stage 2 {s['stage2']:.0f} "
               f"(+anchor {s['stage2_anchor']:.0f}, +pairs {s['stage2_pairs']:.0f}) | "

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,7 @@ from training.encoders import Encoder, ModelSpec, create_tokenizer, model_embed_
 from training.errors import ConfigError, DataError
 from training.losses import xbt_anchor_loss, xbt_direct_loss, xbt_loss, xbt_pretrain_loss
 from training.pairs import PairTensors, build_pairs, pair_index_batches
-from training.trainer import Progress, TrainResult, seed_everything, train
+from training.trainer import Progress, TrainResult, index_batches, seed_everything, train
 from training.versions import load_encoder
 from training.xbt.adapters import Adapters
 from training.xbt.config import XbtConfig
@@ -57,17 +57,6 @@ ADAPTERS_FILE = "adapters.safetensors"
 PROJECTOR_FILE = "projector.safetensors"
 EMBED_CHUNK = 4096  # captions per progress-bar tick when caching embeddings
 TOKENIZER_PROBE = 256  # captions tokenized up front to check each tokenizer against its tower
-
-
-# ---------------------------------------------------------------------------- batches
-def index_batches(n: int, batch_size: int, seed: int) -> Iterator[torch.Tensor]:
-    """Endless [B] indices into n cached rows, a fresh seeded permutation per epoch."""
-    gen = torch.Generator().manual_seed(seed)
-    batch_size = min(batch_size, n)
-    while True:
-        order = torch.randperm(n, generator=gen)
-        for start in range(0, n - batch_size + 1, batch_size):
-            yield order[start:start + batch_size]
 
 
 # ---------------------------------------------------------------------------- stage 1
