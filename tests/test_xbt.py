@@ -484,3 +484,34 @@ def test_cli_upgrade_direct_runs_the_direct_baseline(bases, tmp_path, capsys) ->
     assert "direct" in manifest["metrics"] and "stage2" not in manifest["metrics"]
     assert main([*args[:-1], "--set", "anchor=true"]) == 2  # Direct takes no anchors
     assert "anchor and pair_anchor apply to method 'xbt'" in capsys.readouterr().err
+
+
+def test_a_slerp_mixed_xbt_route_carries_the_old_model(bases, world, tmp_path) -> None:
+    """``slerp_t``: the route answers slerp(phi(new(q)), old(q), t); at t = 1 it is OLD's
+    own query, at t = 0.5 the two routes' midpoint; the artifact carries OLD's weights."""
+    from dataclasses import replace
+
+    import torch
+
+    from training.adapters.maps import slerp
+
+    cfg = XbtConfig(**TINY)
+    p = up.prepare(bases["v1"], bases["new"], CORPUS, world, cfg, show_progress=False)
+    phi, metrics = up.train_upgrade(p, cfg, show_progress=False)
+    plain = up.write_upgrade(p, phi, cfg, metrics, tmp_path / "plain", version_id="plain")
+    ends = up.write_upgrade(p, phi, replace(cfg, slerp_t=1.0), metrics, tmp_path / "t1",
+                            version_id="t1")
+    half = up.write_upgrade(p, phi, replace(cfg, slerp_t=0.5), metrics, tmp_path / "t5",
+                            version_id="t5")
+    assert "old_model.safetensors" in load_artifact(ends.path).manifest["files"]
+    texts = ["a red circle", "a small blue star on the left"]
+    images = [world.load_image(i) for i in range(3)]
+    old = load_encoder(bases["v1"], device="cpu")
+    np.testing.assert_allclose(load_encoder(load_artifact(ends.path), "v1").encode_texts(texts),
+                               old.encode_texts(texts), atol=1e-5)
+    routed = load_encoder(load_artifact(plain.path), "v1").encode_images(images)
+    expected = slerp(torch.from_numpy(routed), torch.from_numpy(old.encode_images(images)), 0.5)
+    np.testing.assert_allclose(load_encoder(load_artifact(half.path), "v1").encode_images(images),
+                               expected.numpy(), atol=1e-5)
+    with pytest.raises(ConfigError, match="slerp_t"):
+        XbtConfig(slerp_t=2.0)

@@ -21,11 +21,11 @@ from PIL import Image
 
 from training.adapters.config import AdapterFitConfig
 from training.adapters.maps import MAPS, EmbeddingMap
-from training.adapters.route import KINDS, MAPS_FILE, OLD_WEIGHTS, maps_state
+from training.adapters.route import KINDS, MAPS_FILE, maps_state
 from training.artifacts import WEIGHTS, Artifact, model_state, new_version_id, write_artifact
 from training.encoders import Encoder, ModelSpec, create_tokenizer, model_embed_dim
 from training.errors import ConfigError
-from training.versions import native_model
+from training.slerp import OLD_WEIGHTS, old_weights
 from training.xbt.inputs import new_model_of
 
 
@@ -143,7 +143,7 @@ def _write(spec: ModelSpec, model: torch.nn.Module, native_space: str | None,
         "embed_dim": maps["text"].out_dim, "slerp_t": cfg.slerp_t}
     tensors = {WEIGHTS: model_state(model), MAPS_FILE: maps_state(maps)}
     if cfg.slerp_t > 0:
-        tensors[OLD_WEIGHTS] = _old_weights(old, target_space, route)
+        tensors[OLD_WEIGHTS] = old_weights(old, target_space, route)
     manifest = {
         "version_id": vid, "space": space, "kind": "adapter", "method": cfg.method,
         "parent": old.version_id if old is not None else None, "target_space": target_space,
@@ -152,17 +152,3 @@ def _write(spec: ModelSpec, model: torch.nn.Module, native_space: str | None,
         "languages": [cfg.language], "hyperparameters": cfg.to_dict(), "metrics": metrics,
         "routes": {space: {"kind": "native"}, target_space: route}}
     return write_artifact(out, manifest, tensors)
-
-
-def _old_weights(old: Artifact | None, target_space: str, route: dict[str, Any],
-                 ) -> dict[str, torch.Tensor]:
-    """SLERP runs the OLD model natively: it must be the gallery space's own model."""
-    if old is None or old.space != target_space:
-        raise ConfigError(f"slerp_t > 0 needs the old model whose native space is "
-                          f"'{target_space}' (the gallery's); got "
-                          f"{'none' if old is None else repr(old.space)}: set slerp_t=0")
-    route["old_model_spec"] = old.manifest["model_spec"]
-    route["old_weights"] = OLD_WEIGHTS
-    return model_state(native_model(old))
-
-

@@ -5,7 +5,8 @@ new->new (the full backfill) and new->old for every method: the adapter routes f
 a K-item sample (procrustes, affine, residual-mlp; one map per modality and one shared
 map; each also SLERP-mixed with OLD's own query), XBT (no anchor, corpus anchor, both
 anchors; and XBT and XBT+pairs with phi starting from the Procrustes fit of stage 1's
-text pairs), its text-only stage 1, and Direct. Per row: R@1/5/10 both directions, the
+text pairs; each XBT row also SLERP-mixed with OLD's own query), its text-only stage 1,
+and Direct. Per row: R@1/5/10 both directions, the
 share of the re-embedding gain recovered at R@1, the negative-flip rate against old->old
 (BCT: queries the old system answered right and the new one gets wrong), fit or train
 seconds, whether it needs a GPU-class budget (training through the towers), and the
@@ -175,9 +176,10 @@ XBT_TIMINGS = {"xbt": "stage2", "xbt+anchor": "stage2_anchor", "xbt+pairs": "sta
 
 def _seconds(short: str, seconds: dict[str, float]) -> float:
     """A row's own cost: an adapter's fit; Direct's training; an XBT row's stage 1 (shared
-    by the rows of the same start) + its stage 2."""
+    by the rows of the same start) + its stage 2 (a "+slerp" row is the same training)."""
     if short in seconds:
         return seconds[short]
+    short = short.replace("+slerp", "")
     base, _, init = short.partition(" (")  # "xbt+pairs (procrustes init)"
     suffix = f" ({init}" if init else ""
     return seconds["stage1" + suffix] + seconds[XBT_TIMINGS[base] + suffix]
@@ -195,7 +197,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         bench = XbtBench(pairs=args.pairs, corpus=args.corpus,
                          config=replace(default_config(), seed=args.seed))
         xbt_cells, xbt_seconds, xbt_routed = run_upgrades(old, new, bench, old_emb, gallery,
-                                                          out, args.seed, XBT_INITS)
+                                                          out, args.seed, XBT_INITS, SLERP_T)
         cells["phi text-only new->old"] = xbt_cells["phi text-only new->old"]
         routed.update(xbt_routed)
         seconds.update(xbt_seconds)

@@ -135,24 +135,29 @@ def artifact_embeddings(art: Any, space: str, gallery: Gallery) -> tuple:
 
 
 def train_variant(p: Any, phi: Any, cfg: XbtConfig, anchors: Any, out: Path,
-                  name: str) -> tuple[Any, float]:
-    """Stage 2 from the shared stage-1 phi; writes the version; (artifact, seconds)."""
+                  name: str, slerp_t: float = 0.0) -> tuple[Any, float, Any]:
+    """Stage 2 from the shared stage-1 phi; writes the version; (artifact, seconds, and the
+    same trained route SLERP-mixed with OLD as a second version when ``slerp_t`` > 0)."""
     from training.xbt.upgrade import result_metrics, train_stage2, write_upgrade
 
     start = time.perf_counter()
     result = train_stage2(p.adapters, phi, p.pairs, cfg, anchors)
     seconds = time.perf_counter() - start
-    art = write_upgrade(p, phi, cfg, {"stage2": result_metrics(result)}, out / name,
-                        version_id=name)
-    return art, seconds
+    metrics = {"stage2": result_metrics(result)}
+    art = write_upgrade(p, phi, cfg, metrics, out / name, version_id=name)
+    mixed = (write_upgrade(p, phi, replace(cfg, slerp_t=slerp_t), metrics, out / f"{name}-slerp",
+                           version_id=f"{name}-slerp") if slerp_t > 0 else None)
+    return art, seconds, mixed
 
 
 def run_upgrades(old: Any, new: Any, bench: XbtBench, old_emb: tuple, gallery: Gallery,
-                 out: Path, draw: int = 0, inits: tuple[str, ...] = (),
+                 out: Path, draw: int = 0, inits: tuple[str, ...] = (), slerp_t: float = 0.0,
                  ) -> tuple[dict[str, Any], dict[str, float], dict]:
     """Stage 1 once (caching every anchor), then XBT without anchors, with the corpus
     anchor, with both anchors, and Direct, each from fresh adapters; for each of ``inits``
-    (e.g. "procrustes") stage 1 again from that start, then XBT and XBT+pairs. Returns
+    (e.g. "procrustes") stage 1 again from that start, then XBT and XBT+pairs; with
+    ``slerp_t`` each trained row also as a "+slerp" row (the same route mixed with OLD's
+    own query). Returns
     (cells, seconds, row name -> (artifact, its test-set embeddings)); the text-only row
     has no artifact."""
     from training.xbt.upgrade import cache_text, prepare, pretrain_fresh
@@ -167,21 +172,23 @@ def run_upgrades(old: Any, new: Any, bench: XbtBench, old_emb: tuple, gallery: G
     cells = {"phi text-only new->old": text_only_cell(p, phi1, old_emb, gallery)}
     variants = (("xbt", cfg, "stage2"), ("xbt+anchor", replace(cfg, anchor=True), "stage2_anchor"),
                 ("xbt+pairs", anchored, "stage2_pairs"))
-    routed = _stage2_rows(p, phi1, variants, anchors, old, gallery, out, seconds, first=True)
+    routed = _stage2_rows(p, phi1, variants, anchors, old, gallery, out, seconds, slerp_t,
+                          first=True)
     for init in inits:
         start = time.perf_counter()
         phi_i, _ = pretrain_fresh(p, cache, replace(anchored, init=init))
         seconds[f"stage1 ({init} init)"] = time.perf_counter() - start
         tagged = tuple((f"{name} ({init} init)", replace(c, init=init), f"{timing} ({init} init)")
                        for name, c, timing in variants if name in ("xbt", "xbt+pairs"))
-        routed |= _stage2_rows(p, phi_i, tagged, anchors, old, gallery, out, seconds)
+        routed |= _stage2_rows(p, phi_i, tagged, anchors, old, gallery, out, seconds, slerp_t)
     routed |= _direct_row(p, cfg, old, gallery, out, seconds)
     cells.update({name: cell(emb, old_emb, gallery) for name, (_, emb) in routed.items()})
     return cells, seconds, routed
 
 
 def _stage2_rows(p: Any, phi: Any, variants: tuple, anchors: Any, old: Any, gallery: Gallery,
-                 out: Path, seconds: dict[str, float], first: bool = False) -> dict[str, tuple]:
+                 out: Path, seconds: dict[str, float], slerp_t: float = 0.0,
+                 first: bool = False) -> dict[str, tuple]:
     """Each variant's stage 2 from a copy of ``phi``, on fresh adapters (but the very first,
     which uses the adapters ``prepare`` made); each config picks its cached anchors."""
     from training.xbt.upgrade import with_fresh_adapters
@@ -190,9 +197,12 @@ def _stage2_rows(p: Any, phi: Any, variants: tuple, anchors: Any, old: Any, gall
     for k, (name, variant_cfg, timing) in enumerate(variants):
         fresh = p if first and k == 0 else with_fresh_adapters(p, variant_cfg)
         slug = name.replace("+", "-").replace(" ", "-").replace("(", "").replace(")", "")
-        art, seconds[timing] = train_variant(fresh, copy.deepcopy(phi), variant_cfg, anchors,
-                                             out, slug)
+        art, seconds[timing], mixed = train_variant(fresh, copy.deepcopy(phi), variant_cfg,
+                                                    anchors, out, slug, slerp_t)
         routed[f"{name} new->old"] = (art, artifact_embeddings(art, old.space, gallery))
+        if mixed is not None:
+            routed[f"{name}+slerp new->old"] = (mixed, artifact_embeddings(mixed, old.space,
+                                                                           gallery))
     return routed
 
 

@@ -107,10 +107,17 @@ class XbtConfig(MethodConfig):
                                   "linear skip branch set to the orthogonal Procrustes fit of "
                                   "stage 1's cached text pairs (fc3 zeroed), so stage 1 starts "
                                   "from the closed-form map")
+    slerp_t: float = setting(0.0, "SLERP mixing of the route (SLERP-BC): a query is "
+                                  "slerp(phi(new(q)), old(q), t); 0 turns it off. On, the "
+                                  "artifact carries the old model's weights and the route "
+                                  "runs BOTH encoders per query (two forwards' latency)")
 
     def __post_init__(self) -> None:
         if self.method not in UPGRADES:
             raise ConfigError(f"method must be one of {tuple(UPGRADES)}, got {self.method!r}")
+        if not 0 <= self.slerp_t <= 1:
+            raise ConfigError(f"slerp_t must be in [0, 1] (0 turns SLERP off), got "
+                              f"{self.slerp_t}")
         if self.init not in INITS:
             raise ConfigError(f"init must be one of {INITS}, got {self.init!r}")
         if self.noise_sigma < 0:

@@ -13,6 +13,7 @@ import torch
 from training.artifacts import Artifact
 from training.encoders import Encoder, create_tokenizer
 from training.errors import ArtifactError
+from training.slerp import SlerpEncoder, with_slerp
 from training.versions import artifact_spec, native_model, register_route
 from training.xbt.adapters import Adapters
 from training.xbt.config import AdapterConfig
@@ -43,13 +44,15 @@ def adapted_model(artifact: Artifact, route: dict) -> tuple[torch.nn.Module, Ada
 
 @register_route("projector")
 def load_projector_route(artifact: Artifact, route: dict,
-                         device: torch.device | str | None) -> Encoder:
-    """The encoder of a "projector" route: the adapted base model, then phi."""
+                         device: torch.device | str | None) -> Encoder | SlerpEncoder:
+    """The encoder of a "projector" route: the adapted base model, then phi (and, with
+    ``slerp_t``, SLERP-mixed with the old model's own query embedding)."""
     for key in ("adapters", "projector", "adapter_config", "projector_dims"):
         if key not in route:
             raise ArtifactError(f"version '{artifact.version_id}': projector route lacks '{key}'")
     model, _ = adapted_model(artifact, route)
     head = ProjectorHead(load_projector(artifact, route))
     # One head object for both towers: phi is shared by images and texts (XBT eq. 4).
-    return Encoder(model, create_tokenizer(artifact_spec(artifact)), device,
-                   text_head=head, image_head=head)
+    routed = Encoder(model, create_tokenizer(artifact_spec(artifact)), device,
+                     text_head=head, image_head=head)
+    return with_slerp(routed, artifact, route, device)  # slerp_t > 0: mixed with OLD's query

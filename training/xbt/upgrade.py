@@ -36,6 +36,7 @@ from training.encoders import Encoder, ModelSpec, create_tokenizer, model_embed_
 from training.errors import ConfigError, DataError
 from training.losses import xbt_anchor_loss, xbt_direct_loss, xbt_loss, xbt_pretrain_loss
 from training.pairs import PairTensors, build_pairs, pair_index_batches
+from training.slerp import OLD_WEIGHTS, old_weights
 from training.trainer import Progress, TrainResult, index_batches, seed_everything, train
 from training.versions import load_encoder
 from training.xbt.adapters import Adapters
@@ -431,6 +432,10 @@ def write_upgrade(p: Prepared, phi: Projector, cfg: XbtConfig, metrics: dict[str
     }
     tensors = {WEIGHTS: p.base_state, ADAPTERS_FILE: p.adapters.state_dict(),
                PROJECTOR_FILE: {k: v.detach() for k, v in phi.state_dict().items()}}
+    if cfg.slerp_t > 0:  # the route mixes with OLD's own query: OLD's weights travel along
+        route = manifest["routes"][p.target_space]
+        route["slerp_t"] = cfg.slerp_t
+        tensors[OLD_WEIGHTS] = old_weights(p.old, p.target_space, route)
     return write_artifact(out, manifest, tensors)
 
 
