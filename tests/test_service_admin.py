@@ -56,7 +56,10 @@ def test_register_only_from_the_allowed_roots(gateway_factory, micro_versions: d
         for source in (str(outside), "/etc", "/proc/self/environ", "/" + "y" * 4000):
             r = client.post("/v1/models", headers=ADMIN, json={"source": source})
             message = assert_error(r, 422, "invalid_input")["message"]
-            assert "outside the allowed roots" in message and len(message) < 400
+            # the input is echoed bounded (the message also lists the roots, whose length
+            # depends on where pytest puts tmp_path)
+            assert "outside the allowed roots" in message and "y" * 65 not in message
+            assert len(message) < 300 + len(str(tmp_path)) * 3
         r = client.post("/v1/models", headers=ADMIN,
                         json={"source": str(tmp_path / "data" / ("a" * 300))})
         assert_error(r, 422, "invalid_artifact")

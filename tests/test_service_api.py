@@ -502,3 +502,27 @@ def test_bench_serve_quick(tmp_path: Path) -> None:
     result = json.loads(out[out.index("{"):])
     assert result["targets"]["no_errors"]["met"]
     assert result["batched"]["text"]["4"]["requests"] > 0
+
+
+def test_a_search_never_shows_why_a_version_failed_to_load(tmp_path, micro_versions) -> None:
+    """No version ever loaded for the gallery: a search gets a fixed 503 message; the cause
+    is for keyed /readyz (and the admin gallery view, tested above) only."""
+    from fastapi.testclient import TestClient
+
+    from service.api.app import create_app
+    from service.state.config import Settings
+    from service.state.registry import Registry
+
+    def broken(artifact, space):
+        raise RuntimeError("GPU fell off at 0x7f00")
+    settings = Settings(data_dir=tmp_path / "data", qdrant_path=":memory:",
+                        admin_api_keys={"ops": "admin-key"}, registry_poll_interval_s=0)
+    registry = Registry(settings.registry_dir)
+    registry.register(micro_versions["v1"], by="fixture")
+    registry.create_gallery("shapes", "v1", by="fixture", version="v1")
+    with TestClient(create_app(settings, broken)) as client:
+        r = client.post("/v1/galleries/shapes/search", json={"text": "a red square"})
+        assert r.status_code == 503 and "GPU" not in r.json()["error"]["message"]
+        assert "could not be loaded" in r.json()["error"]["message"]
+        keyed = client.get("/readyz", headers={"X-API-Key": "admin-key"}).json()
+        assert "GPU fell off" in keyed["error"]["message"]

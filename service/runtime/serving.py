@@ -141,7 +141,11 @@ class Runtime:
         previous = self._snapshot.galleries.get(gallery.name)
         if previous is not None and previous.embedder is not None:
             return replace(previous, stale=problem)
-        return Serving(gallery.name, gallery.space, gallery.active, None, Unavailable(problem))
+        # Searches (public) get a fixed message; the cause is for keyed /readyz, the
+        # admin gallery view and the log.
+        public = Unavailable(f"version '{gallery.active}' could not be loaded; the cause is "
+                             f"in /readyz (with a key) and the gateway log")
+        return Serving(gallery.name, gallery.space, gallery.active, None, public, stale=problem)
 
     def _swap(self, new: Snapshot) -> None:
         old = self._snapshot
@@ -174,7 +178,8 @@ class Runtime:
             if s.embedder is None and not isinstance(s.error, SpaceMismatch):
                 # A gallery left in a wrong space answers 409 on purpose; that is not
                 # a reason to take this replica out of rotation.
-                problems.append(f"{s.gallery}: {s.error.message if s.error else 'no model'}")
+                problems.append(f"{s.gallery}: "
+                                f"{s.stale or (s.error.message if s.error else 'no model')}")
             elif s.stale:
                 problems.append(f"{s.gallery}: {s.stale}")
         return problems

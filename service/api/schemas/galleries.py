@@ -79,7 +79,7 @@ class GalleryOut(BaseModel):
 
 def _serving(serving: Serving) -> ServingOut:
     embedder = serving.embedder
-    problem = serving.error.message if serving.error else serving.stale
+    problem = serving.stale or (serving.error.message if serving.error else None)
     return ServingOut(version=embedder.version if embedder else None,
                       route=embedder.route if embedder else None, problem=problem)
 
