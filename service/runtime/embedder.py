@@ -58,9 +58,10 @@ class Embedder:
         """[N, D] for an ingest batch (blocking; submit it to ``lane``)."""
         return self.encoder.encode_texts(list(texts))
 
-    def encode_images(self, images: Sequence[Image.Image]) -> np.ndarray:
-        """[N, D] for an ingest batch of decoded images (blocking; submit it to ``lane``)."""
-        return self.encoder.encode_image_tensors(torch.stack([self.pixels(i) for i in images]))
+    def encode_pixels(self, pixels: Sequence[torch.Tensor]) -> np.ndarray:
+        """[N, D] for an ingest batch of preprocessed images (blocking; submit it to
+        ``lane``)."""
+        return self.encoder.encode_image_tensors(torch.stack(list(pixels)))
 
     def _encode_texts(self, texts: list[str]) -> list[np.ndarray]:
         return list(self.encoder.encode_texts(texts))

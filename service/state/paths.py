@@ -19,8 +19,6 @@ Error messages never echo more than 64 characters of what the caller sent.
 
 from __future__ import annotations
 
-import csv
-import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,6 +26,8 @@ from pathlib import Path
 
 from service.state.config import Settings
 from service.state.errors import InvalidInput, shown
+from training.data.dataset import manifest_rows
+from training.errors import NobackfillError
 
 MANIFEST = "manifest.jsonl"
 MANIFEST_TYPES = (".jsonl", ".csv")
@@ -94,9 +94,8 @@ class Roots:
     def dataset(self, path: str, name: str) -> Path:
         """The dataset's manifest once it and every image it names are under a root."""
         manifest = self.manifest(path, name)
-        base = str(manifest.parent)
         for where, image in manifest_images(manifest):
-            full = os.path.normpath(os.path.join(base, os.path.expanduser(image)))
+            full = os.path.normpath(image)
             if not self.contains(full):
                 raise InvalidInput(f"{name}: {where}: image {quoted(image)} is outside the "
                                    f"allowed roots ({self.describe()})")
@@ -117,40 +116,14 @@ def _kind(path: Path) -> str | None:
 
 
 def manifest_images(manifest: Path) -> Iterator[tuple[str, str]]:
-    """(where, image path as written) of every row, read the way ``training.data`` reads
-    manifests; InvalidInput for a manifest that cannot be read at all."""
+    """(where, image path) of every row, read by ``training.data``'s own manifest reader
+    (paths joined onto the manifest's folder); InvalidInput for a manifest it refuses."""
     try:
-        if manifest.suffix == ".csv":
-            yield from _csv_images(manifest)
-        else:
-            yield from _jsonl_images(manifest)
+        for where, record in manifest_rows(manifest):
+            yield where, str(record.image_path)
     except UnicodeDecodeError:
         raise InvalidInput(f"{manifest.name}: not UTF-8 text") from None
     except OSError as exc:
         raise InvalidInput(f"{manifest.name}: unreadable ({exc.strerror})") from None
-
-
-def _jsonl_images(manifest: Path) -> Iterator[tuple[str, str]]:
-    with manifest.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            where = f"{manifest.name} line {number}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                raise InvalidInput(f"{where}: malformed JSON") from None
-            if not isinstance(row, dict) or not isinstance(row.get("image"), str):
-                raise InvalidInput(f"{where}: expected an object with an 'image' path")
-            yield where, row["image"]
-
-
-def _csv_images(manifest: Path) -> Iterator[tuple[str, str]]:
-    with manifest.open(encoding="utf-8", newline="") as handle:
-        reader = csv.DictReader(handle)
-        if "image" not in (reader.fieldnames or ()):
-            raise InvalidInput(f"{manifest.name}: no 'image' column")
-        for number, row in enumerate(reader, start=2):  # line 1 is the header
-            image = (row.get("image") or "").strip()
-            if image:
-                yield f"{manifest.name} line {number}", image
+    except NobackfillError as exc:
+        raise InvalidInput(shown(exc, 300)) from None

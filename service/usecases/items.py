@@ -13,8 +13,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from PIL import Image
 
+from service.runtime.embedder import Embedder
 from service.runtime.gateway import Gateway
 from service.state.config import Settings
 from service.state.errors import InvalidInput, NotFound, ServiceError, shown
@@ -43,7 +45,8 @@ async def add_items(gateway: Gateway, gallery: str, items: Sequence[NewItem]) ->
     check_items(items, gateway.settings.ingest_max_items)
     embedder = gateway.runtime.serving(gallery).ready()
     sources = await asyncio.to_thread(_sources, items, gateway.settings)
-    vectors = await asyncio.get_running_loop().run_in_executor(embedder.lane, embed, embedder,
+    prepared = await asyncio.to_thread(Preprocessed, embedder, sources)
+    vectors = await asyncio.get_running_loop().run_in_executor(embedder.lane, embed, prepared,
                                                                sources)
     writer = GalleryWriter(gateway.store, ThumbnailStore.of(gateway.settings), gallery,
                            embedder.version, embedder.space)
@@ -77,6 +80,22 @@ def check_items(items: Sequence[NewItem], max_items: int) -> None:
             raise InvalidInput(f"item {n} ('{shown(item.id)}') has neither a text nor an image")
         if item.text is not None and not item.text.strip():
             raise InvalidInput(f"item {n} ('{shown(item.id)}') has an empty text")
+
+
+class Preprocessed:
+    """The embedder for one ingest batch, its images already turned into model input off
+    the device lane: the lane runs forwards only, as it does for queries."""
+
+    def __init__(self, embedder: Embedder, sources: Sequence[Source]) -> None:
+        self.embedder = embedder
+        self.pixels = {id(s.image): embedder.pixels(s.image) for s in sources
+                       if s.image is not None}
+
+    def encode_texts(self, texts: list[str]) -> np.ndarray:
+        return self.embedder.encode_texts(texts)
+
+    def encode_images(self, images: list[Image.Image]) -> np.ndarray:
+        return self.embedder.encode_pixels([self.pixels[id(image)] for image in images])
 
 
 def _sources(items: Sequence[NewItem], settings: Settings) -> list[Source]:

@@ -357,13 +357,17 @@ def load_manifest(path: Path | str, skip_bad: bool = False) -> PairDataset:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"manifest not found: {path}")
+    return _collect(manifest_rows(path), skip_bad, path)
+
+
+def manifest_rows(path: Path) -> Iterable[tuple[str, Record]]:
+    """(where, record) of every row of a .jsonl or .csv manifest, image paths resolved
+    against the manifest's folder; no image is opened. DataError for a broken row."""
     if path.suffix == ".jsonl":
-        rows: Iterable[tuple[str, Record]] = _jsonl_rows(path)
-    elif path.suffix == ".csv":
-        rows = _csv_rows(path)
-    else:
-        raise DataError(f"unsupported manifest type {path.name!r}; use .jsonl or .csv")
-    return _collect(rows, skip_bad, path)
+        return _jsonl_rows(path)
+    if path.suffix == ".csv":
+        return _csv_rows(path)
+    raise DataError(f"unsupported manifest type {path.name!r}; use .jsonl or .csv")
 
 
 KARPATHY_SPLITS = ("train", "restval", "val", "test")
