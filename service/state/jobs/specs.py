@@ -51,6 +51,8 @@ class ContinualParams(Params):
     steps: int = Field(200, ge=1, le=10_000_000)
     batch_size: int = Field(128, ge=2, le=65_536)
     seed: int = 0
+    gpus: int = Field(1, ge=1, le=64, description="GPUs (ranks) of the worker host this job "
+                      "trains on, data-parallel; on a host without CUDA, CPU processes (gloo)")
     config: dict[str, Any] = Field(default_factory=dict, description="strategy config fields")
     version_id: str | None = Field(None, description="default: generated")
     validation: str | None = Field(None, description="gate data (default: the gallery's)")
@@ -97,6 +99,8 @@ class XbtParams(Params):
     corpus: str = Field(description="stage 1 captions: a text file or synth:N")
     pairs: str = Field(description="paired image-caption set: dataset directory or manifest")
     config: dict[str, Any] = Field(default_factory=dict, description="XbtConfig fields")
+    gpus: int = Field(1, ge=1, le=64, description="GPUs (ranks) of the worker host this job "
+                      "trains on, data-parallel; on a host without CUDA, CPU processes (gloo)")
     version_id: str | None = None
     validation: str | None = None
 
