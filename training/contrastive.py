@@ -10,18 +10,27 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from training.artifacts import WEIGHTS, Artifact, model_state, new_version_id, write_artifact
+from training.artifacts import (
+    WEIGHTS,
+    Artifact,
+    load_artifact,
+    model_state,
+    new_version_id,
+    write_artifact,
+)
 from training.data import PairDataset
+from training.distributed import World, gather, on_main
 from training.encoders import Encoder, ModelSpec, create_model, create_tokenizer, model_embed_dim
 from training.errors import ConfigError
 from training.evaluate import retrieval_metrics
 from training.losses import clip_loss
 from training.pairs import build_pairs, pair_batches
-from training.trainer import Progress, TrainConfig, seed_everything, train
+from training.trainer import Progress, TrainConfig, TrainResult, seed_everything, train
 
 
 class ContrastiveTask:
-    """Model + plain CLIP loss; the logit scale is learned."""
+    """Model + plain CLIP loss; the logit scale is learned. Under torch.distributed the
+    loss is over the global batch (features gathered with their gradients)."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
@@ -29,8 +38,8 @@ class ContrastiveTask:
     def losses(self, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, torch.Tensor]:
         pixels, tokens = batch
         device = self.model.logit_scale.device
-        image = self.model.encode_image(pixels.to(device), normalize=True)  # [B, D]
-        text = self.model.encode_text(tokens.to(device), normalize=True)  # [B, D]
+        image = gather(self.model.encode_image(pixels.to(device), normalize=True))  # [B, D]
+        text = gather(self.model.encode_text(tokens.to(device), normalize=True))  # [B, D]
         return {"contrastive_loss": clip_loss(image, text, self.model.logit_scale.exp())}
 
 
@@ -62,7 +71,10 @@ def train_contrastive(spec: ModelSpec, dataset: PairDataset, cfg: TrainConfig, o
                version_id: str | None = None, device: str | None = None,
                show_progress: bool = True, checkpoint_dir: str | Path | None = None,
                on_progress: Callable[[Progress], None] | None = None) -> Artifact:
-    """Train ``spec`` contrastively on ``dataset`` and write an artifact at ``out``."""
+    """Train ``spec`` contrastively on ``dataset`` and write an artifact at ``out``.
+
+    Data-parallel under torch.distributed (``training.distributed.run_ranks``): rank 0
+    evaluates and writes the artifact and checkpoints, the other ranks read it back."""
     out = Path(out)
     if out.exists():
         raise ConfigError(f"{out} already exists; choose another output directory")
@@ -76,8 +88,17 @@ def train_contrastive(spec: ModelSpec, dataset: PairDataset, cfg: TrainConfig, o
                    desc="train-base", show_progress=show_progress, on_progress=on_progress,
                    on_checkpoint=_checkpointer(model, Path(checkpoint_dir) if checkpoint_dir else None))
     model.eval()
+    return on_main(lambda: _write_base(model, encoder, spec, dataset, cfg, out, languages,
+                                       eval_dataset, version_id, result),
+                   lambda: load_artifact(out))
+
+
+def _write_base(model: torch.nn.Module, encoder: Encoder, spec: ModelSpec, dataset: PairDataset,
+                cfg: TrainConfig, out: Path, languages: Sequence[str],
+                eval_dataset: PairDataset | None, version_id: str | None,
+                result: TrainResult) -> Artifact:
     metrics: dict[str, Any] = {"final_loss": result.final_loss, "train_seconds": result.seconds,
-                               "train_images": len(dataset)}
+                               "train_images": len(dataset), "ranks": World.current().size}
     if eval_dataset is not None:
         metrics["eval"] = evaluate_encoder(encoder, eval_dataset, languages[0])
     vid = version_id or new_version_id()

@@ -16,6 +16,7 @@ import torch
 from tqdm import tqdm
 
 from training.data import PairDataset
+from training.distributed import World, global_batch_size
 from training.encoders import Encoder
 from training.errors import DataError
 
@@ -64,19 +65,23 @@ def build_pairs(dataset: PairDataset, encoder: Encoder, languages: Sequence[str]
 def pair_index_batches(pairs: PairTensors, batch_size: int,
                        seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Endless (image indices [B], caption indices [B]): each epoch visits every image once
-    in a seeded order, each with one of its captions drawn at random."""
+    in a seeded order, each with one of its captions drawn at random.
+
+    Under torch.distributed every rank draws the same global batch and keeps its shard
+    ([B/N] each; ``World.shard``)."""
+    world = World.current()
     rng = np.random.default_rng(seed)
     groups = pairs.captions_of()
     usable = np.array([i for i, g in enumerate(groups) if len(g)])
     if len(usable) < 2:
         raise DataError("need at least 2 images with captions to form a contrastive batch")
-    batch_size = min(batch_size, len(usable))
+    batch_size = global_batch_size(batch_size, len(usable), world)
     while True:
         order = rng.permutation(usable)
         for start in range(0, len(order) - batch_size + 1, batch_size):
             images = order[start:start + batch_size]
             captions = [groups[i][rng.integers(len(groups[i]))] for i in images]
-            yield torch.as_tensor(images), torch.as_tensor(np.array(captions))
+            yield world.shard((torch.as_tensor(images), torch.as_tensor(np.array(captions))))
 
 
 def pair_batches(pairs: PairTensors, batch_size: int,

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from training.distributed import World, ddp, global_batch_size, mean_over_ranks
 from training.errors import ConfigError
 
 
@@ -149,14 +150,24 @@ def train(task: Task, batches: Iterator[Any], groups: list[dict[str, Any]], cfg:
     ``before_step`` runs after clipping and before ``opt.step()`` (e.g. gradient
     projection), ``after_step`` right after it (e.g. projecting the update);
     ``on_progress`` is called every step and may raise to stop.
+
+    Under torch.distributed (``training.distributed``) ``batches`` yields this rank's
+    shard of each global batch, the trained parameters are wrapped in DDP (gradients
+    averaged over ranks before clipping and the hooks), the logged loss is the mean over
+    ranks, and only rank 0 shows progress, calls ``on_progress`` and checkpoints.
     """
+    world = World.current()
     opt = make_optimizer(groups, cfg, optimizer_cls)
     params = [p for g in opt.param_groups for p in g["params"]]
+    forward = ddp(TaskModule(task, params), world) if world.distributed else task.losses
+    if not world.is_main:
+        on_progress = on_checkpoint = None
     result, start = TrainResult(0, 0.0), time.perf_counter()
-    bar = tqdm(total=cfg.steps, desc=desc, disable=not show_progress, dynamic_ncols=True)
+    bar = tqdm(total=cfg.steps, desc=desc, disable=not (show_progress and world.is_main),
+               dynamic_ncols=True)
     for step in range(cfg.steps):
         _apply_schedule(opt, step, cfg)
-        loss = _one_step(task, next(batches), opt, params, cfg, before_step, after_step)
+        loss = _one_step(forward, next(batches), opt, params, cfg, before_step, after_step)
         result.losses.append(loss)
         result.steps = step + 1
         elapsed = time.perf_counter() - start
@@ -173,14 +184,28 @@ def train(task: Task, batches: Iterator[Any], groups: list[dict[str, Any]], cfg:
     return result
 
 
-def _one_step(task: Task, batch: Any, opt: torch.optim.Optimizer, params: list[torch.Tensor],
-              cfg: TrainConfig,
+class TaskModule(torch.nn.Module):
+    """A task's trained parameters as one module whose forward is the task's losses: what
+    DDP wraps, whatever models, projectors or loose parameters the task trains."""
+
+    def __init__(self, task: Task, params: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.task = task
+        self.trained = torch.nn.ParameterList(params)  # the same Parameter objects
+
+    def forward(self, batch: Any) -> dict[str, torch.Tensor]:
+        return self.task.losses(batch)
+
+
+def _one_step(forward: Callable[[Any], dict[str, torch.Tensor]], batch: Any,
+              opt: torch.optim.Optimizer, params: list[torch.Tensor], cfg: TrainConfig,
               before_step: Callable[[torch.optim.Optimizer], None] | None,
               after_step: Callable[[torch.optim.Optimizer], None] | None = None) -> float:
-    losses = task.losses(batch)
+    losses = forward(batch)
     total = sum(v for k, v in losses.items() if k.endswith("_loss"))
-    if not torch.isfinite(total):
-        raise FloatingPointError(f"loss is not finite ({float(total)}); lower the lr")
+    value = mean_over_ranks(total)  # every rank sees the same value, and stops together
+    if not math.isfinite(value):
+        raise FloatingPointError(f"loss is not finite ({value}); lower the lr")
     opt.zero_grad(set_to_none=True)
     total.backward()
     if cfg.grad_clip > 0:
@@ -190,14 +215,18 @@ def _one_step(task: Task, batch: Any, opt: torch.optim.Optimizer, params: list[t
     opt.step()
     if after_step is not None:
         after_step(opt)
-    return float(total.detach())
+    return value
 
 
 def index_batches(n: int, batch_size: int, seed: int) -> Iterator[torch.Tensor]:
-    """Endless [B] indices into n cached rows, a fresh seeded permutation per epoch."""
+    """Endless [B] indices into n cached rows, a fresh seeded permutation per epoch.
+
+    Under torch.distributed every rank draws the same global batch and keeps its shard
+    ([B/N]; ``World.shard``), so N ranks see exactly one process's batches between them."""
+    world = World.current()
     gen = torch.Generator().manual_seed(seed)
-    batch_size = min(batch_size, n)
+    batch_size = global_batch_size(batch_size, n, world)
     while True:
         order = torch.randperm(n, generator=gen)
         for start in range(0, n - batch_size + 1, batch_size):
-            yield order[start:start + batch_size]
+            yield world.shard(order[start:start + batch_size])

@@ -19,6 +19,7 @@ import torch
 from training.continual.registry import register_strategy
 from training.continual.seqft import ContrastiveConfig, ContrastiveStrategy
 from training.continual.strategy import PhaseContext
+from training.distributed import gather
 from training.encoders import model_embed_dim
 from training.errors import ConfigError
 from training.losses import (
@@ -118,13 +119,14 @@ class CtpTask:
         cfg, device = self.cfg, self.model.logit_scale.device
         pixels, tokens = batch[0].to(device), batch[1].to(device)
         self.update_momentum()  # before the momentum features of this step
-        image = self.model.encode_image(pixels, normalize=True)  # [B, D]
-        text = self.model.encode_text(tokens, normalize=True)  # [B, D]
+        # [B, D] each, the global batch under torch.distributed (rank order)
+        image = gather(self.model.encode_image(pixels, normalize=True))
+        text = gather(self.model.encode_text(tokens, normalize=True))
         with torch.no_grad():
-            m_image = self.momentum.encode_image(pixels, normalize=True)  # [B, D]
-            m_text = self.momentum.encode_text(tokens, normalize=True)  # [B, D]
-            old_image = self.old.encode_image(pixels, normalize=True)  # [B, D]
-            old_text = self.old.encode_text(tokens, normalize=True)  # [B, D]
+            m_image = gather(self.momentum.encode_image(pixels, normalize=True))
+            m_text = gather(self.momentum.encode_text(tokens, normalize=True))
+            old_image = gather(self.old.encode_image(pixels, normalize=True))
+            old_text = gather(self.old.encode_text(tokens, normalize=True))
         q_image, q_text = self.queues.features()  # [n, D] each, n <= K
         losses = {
             "itc_loss": cfg.itc_weight * clip_loss(image, text, self.model.logit_scale.exp()),
@@ -135,7 +137,9 @@ class CtpTask:
             "same_topology_loss": cfg.same_weight * ctp_same_topology_loss(
                 image, text, old_image, old_text, cfg.tau, cfg.self_similarity),
         }
-        self.queues.enqueue(m_image, m_text)  # after the loss: scored first, then queued
+        # after the loss: scored first, then queued; the global batch in rank order, so
+        # every rank's queues hold the same features in the same slots
+        self.queues.enqueue(m_image, m_text)
         return losses
 
 

@@ -30,6 +30,7 @@ from training.continual.registry import register_strategy
 from training.continual.seqft import ContrastiveConfig, ContrastiveStrategy
 from training.continual.strategy import PhaseContext, PhaseSetup
 from training.data import PairDataset
+from training.distributed import World, all_reduce_sum, broadcast
 from training.errors import ConfigError
 from training.pairs import PairTensors
 
@@ -77,6 +78,10 @@ class Projection:
     path: str
     weight: torch.nn.Parameter  # stored [d_in, d_out] when ``transposed`` (x @ proj), else W
     transposed: bool
+
+    @property
+    def in_dim(self) -> int:
+        return int(self.weight.shape[0] if self.transposed else self.weight.shape[1])
 
     def apply(self, features: torch.Tensor) -> torch.Tensor:
         """[N, d_in] -> [N, d_out], without any bias (the output-side moment is W X^T X W^T)."""
@@ -131,6 +136,8 @@ def projection_inputs(model: torch.nn.Module, projection: Projection,
                       batch_size: int = 256) -> torch.Tensor:
     """[N, d_in] float64 inputs of the projection for ``inputs`` (pixels or tokens)."""
     device = projection.weight.device
+    if len(inputs) == 0:
+        return torch.zeros(0, projection.in_dim, dtype=torch.float64)
     with _bypassed(model, projection.path):
         chunks = [encode(inputs[s:s + batch_size].to(device)).double()
                   for s in range(0, len(inputs), batch_size)]
@@ -139,15 +146,21 @@ def projection_inputs(model: torch.nn.Module, projection: Projection,
 
 def running_moment(moment: torch.Tensor, count: int, features: torch.Tensor) -> torch.Tensor:
     """Z <- Z n/(n+N) + X^T X/(n+N): the uncentred second moment over all samples seen."""
-    total = count + len(features)
-    return moment * (count / total) + features.t() @ features / total
+    return _add_gram(moment, count, features.t() @ features, len(features))
+
+
+def _add_gram(moment: torch.Tensor, count: int, gram: torch.Tensor, rows: int) -> torch.Tensor:
+    """``running_moment`` from the Gram matrix X^T X of ``rows`` new samples."""
+    total = count + rows
+    return moment * (count / total) + gram / total
 
 
 def subspace_projector(moment: torch.Tensor, threshold: float) -> torch.Tensor:
     """P = U_k U_k^T over the singular directions of ``moment`` above ``threshold``."""
     u, s, _ = torch.linalg.svd(moment.double())
     kept = u[:, s > threshold]  # [d, k]
-    return (kept @ kept.t()).float()
+    # rank 0's projector on every rank: an SVD need not be bit-identical across devices
+    return broadcast((kept @ kept.t()).float().contiguous())
 
 
 @register_strategy("dns")
@@ -205,30 +218,40 @@ class Dns(ContrastiveStrategy):
         self._accumulate(ctx, ctx.pairs())
 
     def _accumulate(self, ctx: PhaseContext, pairs: PairTensors) -> None:
-        """Add the model's projection inputs on ``pairs`` to the running moments."""
-        model, proj = ctx.model, self.projections(ctx.model)
+        """Add the model's projection inputs on ``pairs`` to the running moments; under
+        torch.distributed each rank encodes a block of the rows (``update_moments``
+        all-reduces the sums)."""
+        model, proj, world = ctx.model, self.projections(ctx.model), World.current()
+        images, texts = world.row_range(len(pairs.pixels)), world.row_range(len(pairs.tokens))
         x = {"image": projection_inputs(model, proj["image"],
-                                        lambda b: model.encode_image(b.float()), pairs.pixels),
-             "text": projection_inputs(model, proj["text"], model.encode_text, pairs.tokens)}
+                                        lambda b: model.encode_image(b.float()),
+                                        pairs.pixels[images[0]:images[1]]),
+             "text": projection_inputs(model, proj["text"], model.encode_text,
+                                       pairs.tokens[texts[0]:texts[1]])}
         ctx.state[NAMESPACE] = update_moments(ctx.state.get(NAMESPACE), x, proj)
 
 
 def update_moments(stats: dict[str, torch.Tensor] | None, x: dict[str, torch.Tensor],
                    proj: dict[str, Projection]) -> dict[str, torch.Tensor]:
     """Running moments after adding inputs ``x`` ([N_t, d_in] per tower): Z_in of each tower
-    from its own inputs, Z_out from the partner tower's projected features."""
+    from its own inputs, Z_out from the partner tower's projected features. Under
+    torch.distributed ``x`` holds this rank's rows: the Gram matrices and row counts are
+    summed over ranks first, so every rank gets the moments of all rows."""
     if stats is None:
         stats = {f"{t}_{side}": torch.zeros(0) for t in TOWERS for side in ("in", "out")}
         stats |= {f"{t}_count": torch.zeros(1, dtype=torch.int64) for t in TOWERS}
     new = dict(stats)
+    rows = {t: int(all_reduce_sum(torch.tensor([len(x[t])], dtype=torch.int64)).item())
+            for t in TOWERS}
     for tower, partner in (("image", "text"), ("text", "image")):
         n_own, n_partner = int(stats[f"{tower}_count"]), int(stats[f"{partner}_count"])
         y = proj[partner].apply(x[partner].to(proj[partner].weight)).double().cpu()  # [N, d_out]
-        new[f"{tower}_in"] = running_moment(_or_zeros(stats[f"{tower}_in"], x[tower]), n_own,
-                                            x[tower])
-        new[f"{tower}_out"] = running_moment(_or_zeros(stats[f"{tower}_out"], y), n_partner, y)
+        new[f"{tower}_in"] = _add_gram(_or_zeros(stats[f"{tower}_in"], x[tower]), n_own,
+                                       all_reduce_sum(x[tower].t() @ x[tower]), rows[tower])
+        new[f"{tower}_out"] = _add_gram(_or_zeros(stats[f"{tower}_out"], y), n_partner,
+                                        all_reduce_sum(y.t() @ y), rows[partner])
     for tower in TOWERS:
-        new[f"{tower}_count"] = stats[f"{tower}_count"] + len(x[tower])
+        new[f"{tower}_count"] = stats[f"{tower}_count"] + rows[tower]
     return new
 
 

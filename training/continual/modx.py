@@ -10,6 +10,7 @@ import torch
 from training.continual.registry import register_strategy
 from training.continual.seqft import ContrastiveConfig, ContrastiveStrategy
 from training.continual.strategy import PhaseContext
+from training.distributed import gather
 from training.errors import ConfigError
 from training.losses import clip_loss, modx_distill_loss
 from training.trainer import Task
@@ -30,7 +31,9 @@ class ModXConfig(ContrastiveConfig):
 
 
 class ModXTask:
-    """Current model + frozen old model; both encode the same batch."""
+    """Current model + frozen old model; both encode the same batch. Under torch.distributed
+    both losses see the global batch: the distillation's rows and their correction are
+    those of one process with the whole batch."""
 
     def __init__(self, model: torch.nn.Module, old: torch.nn.Module, alpha: float) -> None:
         self.model, self.old, self.alpha = model, old, alpha
@@ -38,11 +41,11 @@ class ModXTask:
     def losses(self, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, torch.Tensor]:
         device = self.model.logit_scale.device
         pixels, tokens = batch[0].to(device), batch[1].to(device)
-        image = self.model.encode_image(pixels, normalize=True)  # [B, D]
-        text = self.model.encode_text(tokens, normalize=True)  # [B, D]
+        image = gather(self.model.encode_image(pixels, normalize=True))  # [B, D]
+        text = gather(self.model.encode_text(tokens, normalize=True))  # [B, D]
         with torch.no_grad():
-            old_image = self.old.encode_image(pixels, normalize=True)  # [B, D]
-            old_text = self.old.encode_text(tokens, normalize=True)  # [B, D]
+            old_image = gather(self.old.encode_image(pixels, normalize=True))  # [B, D]
+            old_text = gather(self.old.encode_text(tokens, normalize=True))  # [B, D]
         return {"contrastive_loss": clip_loss(image, text, self.model.logit_scale.exp()),
                 "distill_loss": self.alpha * modx_distill_loss(image, text, old_image, old_text)}
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from training.continual.strategy import (
     StrategyConfig,
 )
 from training.data import PairDataset
+from training.distributed import World, on_main
 from training.encoders import create_tokenizer, model_embed_dim, pick_device
 from training.errors import ConfigError
 from training.trainer import Progress, TrainConfig, TrainResult, seed_everything, train
@@ -79,14 +81,18 @@ def open_phase(parent: Artifact, data: PairDataset, options: PhaseOptions) -> Ph
 def run_phase(parent: Artifact | str | Path, method: str, data: PairDataset, out: str | Path,
               config: StrategyConfig | None = None, options: PhaseOptions | None = None,
               prior: PairDataset | None = None,
-              on_progress: Callable[[Progress], None] | None = None) -> Artifact:
+              on_progress: Callable[[Progress], None] | None = None,
+              device: str | None = None) -> Artifact:
     """Train one continual phase of ``method`` from ``parent`` on ``data``; write ``out``.
 
     ``prior``: a sample of data the parent already serves (e.g. gallery items); methods
     that keep between-phase state (DNS statistics, replay memory) record it first when
-    the parent has none.
+    the parent has none. ``device`` overrides ``options.device`` (a rank's own device
+    under ``training.distributed.run_ranks``, where rank 0 alone writes ``out``).
     """
     options, out, started = options or PhaseOptions(), Path(out), time.perf_counter()
+    if device is not None:
+        options = replace(options, device=device)
     if out.exists():
         raise ConfigError(f"{out} already exists; choose another --out")
     parent = parent if isinstance(parent, Artifact) else load_artifact(parent)
@@ -104,8 +110,10 @@ def run_phase(parent: Artifact | str | Path, method: str, data: PairDataset, out
                    on_progress=on_progress, before_step=setup.before_step,
                    after_step=setup.after_step, optimizer_cls=setup.optimizer_cls)
     ctx.model.eval()
-    strategy.finish(ctx)
-    return write_phase(ctx, strategy, train_cfg, result, out, time.perf_counter() - started)
+    strategy.finish(ctx)  # every rank: a strategy's statistics may be reduced over ranks
+    return on_main(lambda: write_phase(ctx, strategy, train_cfg, result, out,
+                                       time.perf_counter() - started),
+                   lambda: load_artifact(out))
 
 
 def write_phase(ctx: PhaseContext, strategy: Strategy, train_cfg: TrainConfig,
@@ -122,6 +130,7 @@ def write_phase(ctx: PhaseContext, strategy: Strategy, train_cfg: TrainConfig,
                   "state": sorted(ctx.state), **strategy.report()},
         "hyperparameters": {"strategy": strategy.config.to_dict(), "train": train_cfg.to_dict()},
         "metrics": {"final_loss": result.final_loss, "train_seconds": result.seconds,
+                    "ranks": World.current().size,
                     "seconds_per_step": result.seconds / max(result.steps, 1),
                     "phase_seconds": seconds},
     }

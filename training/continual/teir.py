@@ -45,6 +45,14 @@ from training.continual.vocab import (
     learn_merges,
     use_eos_pooling,
 )
+from training.distributed import (
+    World,
+    all_reduce_sum,
+    broadcast_object,
+    gather,
+    global_batch_size,
+    map_rows,
+)
 from training.encoders import extend_vocabulary
 from training.errors import ConfigError, DataError
 from training.losses import multi_positive_infonce
@@ -202,7 +210,10 @@ class LanguagePairs:
 
 
 class TeirTask:
-    """Student text tower on foreign captions against precomputed teacher targets."""
+    """Student text tower on foreign captions against precomputed teacher targets.
+
+    Under torch.distributed the MSE is this rank's mean (DDP's average makes it the global
+    mean) and the InfoNCE runs on the gathered global batch (students with gradients)."""
 
     def __init__(self, model: torch.nn.Module, tokens: torch.Tensor, teacher_text: torch.Tensor,
                  teacher_image: torch.Tensor, owners: torch.Tensor, cfg: TeirConfig) -> None:
@@ -215,24 +226,35 @@ class TeirTask:
         device = self.model.token_embedding.weight.device
         with torch.no_grad():
             self.temperature.clamp_(self.cfg.temperature_min, self.cfg.temperature_max)
-        student = self.model.encode_text(self.tokens[batch].to(device))  # [B, D] unnormalised
-        owners = self.owners[batch]  # [B]
-        image = self.teacher_image[owners].to(device)  # [B, D]
-        contrast = multi_positive_infonce(F.normalize(student, dim=-1), image, owners.to(device),
+        student = self.model.encode_text(self.tokens[batch].to(device))  # [b, D] unnormalised
+        owners = gather(self.owners[batch].to(device))  # [B], the global batch
+        image = self.teacher_image[owners.cpu()].to(device)  # [B, D]
+        contrast = multi_positive_infonce(gather(F.normalize(student, dim=-1)), image, owners,
                                           self.temperature)
         return {"distill_loss": self.cfg.mse_weight * F.mse_loss(
                     student, self.teacher_text[batch].to(device)),
                 "contrastive_loss": self.cfg.contrastive_weight * contrast}
 
 
+def used_tokens(tokens: torch.Tensor, rows: int) -> torch.Tensor:
+    """[V] bool: the token ids that occur in ``tokens`` [M, context]. Under torch.distributed
+    each rank counts a block of the captions and the counts are summed, so the corpus is
+    counted once and every rank gets the same mask."""
+    lo, hi = World.current().row_range(len(tokens))
+    counts = torch.bincount(tokens[lo:hi].flatten(), minlength=rows)
+    return all_reduce_sum(counts) > 0
+
+
 def caption_batches(count: int, batch_size: int, seed: int) -> Iterator[torch.Tensor]:
-    """Endless batches of caption indices [B], each epoch in a new seeded order."""
+    """Endless batches of caption indices [B], each epoch in a new seeded order (this
+    rank's shard [B/N] under torch.distributed)."""
+    world = World.current()
     rng = np.random.default_rng(seed)
-    batch_size = min(batch_size, count)
+    batch_size = global_batch_size(batch_size, count, world)
     while True:
         order = torch.from_numpy(rng.permutation(count))
         for start in range(0, count - batch_size + 1, batch_size):
-            yield order[start:start + batch_size]
+            yield world.shard(order[start:start + batch_size])
 
 
 @register_strategy("teir")
@@ -255,7 +277,7 @@ class Teir(Strategy):
         self._grow(ctx)
         tokens = ctx.tokenizer(self.captions.foreign)  # [M, context], grown vocabulary
         rows = ctx.model.token_embedding.num_embeddings
-        self.used = torch.bincount(tokens.flatten(), minlength=rows) > 0  # [V] c_v
+        self.used = used_tokens(tokens, rows)  # [V] c_v
         old_rows = rows - len(self.added)
         self.frequency = grown_frequency(ctx.state.get(NAMESPACE, {}).get("frequency"),
                                          old_rows, len(self.added))
@@ -277,17 +299,24 @@ class Teir(Strategy):
         model, chunk = ctx.model.eval(), 256
         tokens = ctx.tokenizer(self.captions.english)
         pixels = ctx.pairs().pixels
-        text = torch.cat([model.encode_text(tokens[s:s + chunk].to(ctx.device)).cpu()
-                          for s in range(0, len(tokens), chunk)])
-        image = torch.cat([model.encode_image(pixels[s:s + chunk].float().to(ctx.device),
-                                              normalize=True).cpu()
-                           for s in range(0, len(pixels), chunk)])
-        return tokens, text, image
+
+        def text(lo: int, hi: int) -> torch.Tensor:
+            return torch.cat([model.encode_text(tokens[s:min(s + chunk, hi)].to(ctx.device)).cpu()
+                              for s in range(lo, hi, chunk)])
+
+        def image(lo: int, hi: int) -> torch.Tensor:
+            return torch.cat([model.encode_image(pixels[s:min(s + chunk, hi)].float().to(
+                ctx.device), normalize=True).cpu() for s in range(lo, hi, chunk)])
+
+        # each rank embeds a block of the rows; every rank gets all of them
+        return tokens, map_rows(len(tokens), text), map_rows(len(pixels), image)
 
     def _grow(self, ctx: PhaseContext) -> None:
         """Learn the language's merges, extend the tokenizer, grow the embedding and spec."""
-        self.merges = learn_merges(ctx.tokenizer, self.captions.foreign, self.config.max_merges,
-                                   self.config.min_pair_count)
+        # learned once, on rank 0, and shared: every rank grows the same vocabulary
+        self.merges = broadcast_object(
+            learn_merges(ctx.tokenizer, self.captions.foreign, self.config.max_merges,
+                         self.config.min_pair_count) if World.current().is_main else None)
         self.added = extend_vocabulary(ctx.tokenizer, self.merges)
         generator = torch.Generator().manual_seed(ctx.options.seed)
         grow_embedding(ctx.model, len(self.added), self.config.init, self.config.init_std,

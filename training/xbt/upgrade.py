@@ -30,8 +30,16 @@ from open_clip.model import get_model_preprocess_cfg
 from torch import nn
 from tqdm import tqdm
 
-from training.artifacts import WEIGHTS, Artifact, model_state, new_version_id, write_artifact
+from training.artifacts import (
+    WEIGHTS,
+    Artifact,
+    load_artifact,
+    model_state,
+    new_version_id,
+    write_artifact,
+)
 from training.data import PairDataset
+from training.distributed import World, gather, map_rows, on_main
 from training.encoders import Encoder, ModelSpec, create_tokenizer, model_embed_dim, pick_device
 from training.errors import ConfigError, DataError
 from training.losses import xbt_anchor_loss, xbt_direct_loss, xbt_loss, xbt_pretrain_loss
@@ -71,15 +79,24 @@ class TextCache:
 
 def embed_corpus(encoder: Encoder, captions: Sequence[str], desc: str,
                  show_progress: bool) -> torch.Tensor:
-    """[N, D] normalised text embeddings, with a progress bar over chunks."""
-    chunks = [torch.from_numpy(encoder.encode_texts(captions[s:s + EMBED_CHUNK]))
-              for s in tqdm(range(0, len(captions), EMBED_CHUNK), desc=desc,
-                            disable=not show_progress, dynamic_ncols=True)]
-    return torch.cat(chunks)
+    """[N, D] normalised text embeddings, with a progress bar over chunks. Under
+    torch.distributed each rank embeds a block of the corpus and every rank gets all rows
+    (``map_rows``): the cache is computed once and identical on every rank."""
+    show = show_progress and World.current().is_main
+
+    def block(lo: int, hi: int) -> torch.Tensor:
+        return torch.cat([torch.from_numpy(encoder.encode_texts(captions[s:min(s + EMBED_CHUNK,
+                                                                                 hi)]))
+                          for s in tqdm(range(lo, hi, EMBED_CHUNK), desc=desc, disable=not show,
+                                        dynamic_ncols=True)])
+    return map_rows(len(captions), block)
 
 
 class PretrainTask:
-    """Stage 1: ``L_pre = L_c(phi(w_new + eps), w_old)`` on cached embeddings; all of phi trains."""
+    """Stage 1: ``L_pre = L_c(phi(w_new + eps), w_old)`` on cached embeddings; all of phi trains.
+
+    Under torch.distributed the noise is drawn for the global batch (each rank keeps its
+    rows) and the loss is over the gathered global batch."""
 
     def __init__(self, phi: Projector, cache: TextCache, sigma: float, scale: float,
                  seed: int) -> None:
@@ -88,11 +105,13 @@ class PretrainTask:
 
     def losses(self, idx: torch.Tensor) -> dict[str, torch.Tensor]:
         device = next(self.phi.parameters()).device
-        w_new = self.cache.new[idx]  # [B, D_new]
-        eps = torch.randn(w_new.shape, generator=self.noise) * self.sigma  # [B, D_new]
+        world = World.current()
+        w_new = self.cache.new[idx]  # [b, D_new], b = B / ranks
+        eps = world.shard(torch.randn((len(idx) * world.size, w_new.shape[1]),
+                                      generator=self.noise)) * self.sigma  # [b, D_new]
         projected = nn.functional.normalize(self.phi((w_new + eps).to(device)), dim=-1)
-        return {"pretrain_loss": xbt_pretrain_loss(projected, self.cache.old[idx].to(device),
-                                                   self.scale)}
+        return {"pretrain_loss": xbt_pretrain_loss(  # [B, D_old] each, the global batch
+            gather(projected), gather(self.cache.old[idx].to(device)), self.scale)}
 
 
 def pretrain_projector(phi: Projector, cache: TextCache, cfg: XbtConfig,
@@ -143,7 +162,8 @@ class XbtTask:
     """Stage 2: ``L_x = L_c(phi(v_new), phi(w_new))`` through the adapted new towers.
 
     Holds no old model: the optional anchoring terms read old embeddings that stage 1
-    cached (``anchors``).
+    cached (``anchors``). Under torch.distributed every term is over the gathered global
+    batch (projections with their gradients, cached old rows without).
     """
 
     def __init__(self, model: nn.Module, phi: Projector, pairs: PairTensors, cfg: XbtConfig,
@@ -157,21 +177,22 @@ class XbtTask:
     def losses(self, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, torch.Tensor]:
         images, captions = batch
         device = self.model.logit_scale.device
-        v = to_old_space(self.phi, self.model.encode_image(  # [B, D_old]
-            self.pairs.pixels[images].float().to(device)))
-        w = to_old_space(self.phi, self.model.encode_text(self.pairs.tokens[captions].to(device)))
+        v = gather(to_old_space(self.phi, self.model.encode_image(  # [B, D_old]
+            self.pairs.pixels[images].float().to(device))))
+        w = gather(to_old_space(self.phi, self.model.encode_text(
+            self.pairs.tokens[captions].to(device))))  # [B, D_old]
         out = {"xbt_loss": xbt_loss(v, w, self.cfg.logit_scale)}
         corpus, paired = self.anchors.corpus, self.anchors.pairs
         if corpus is not None and self.anchor_batches is not None:
             idx = next(self.anchor_batches)
-            w_anchor = to_old_space(self.phi, self.model.encode_text(
-                corpus.tokens[idx].to(device)))  # [B, D_old]
+            w_anchor = gather(to_old_space(self.phi, self.model.encode_text(
+                corpus.tokens[idx].to(device))))  # [B, D_old]
             out["anchor_loss"] = self.cfg.anchor_weight * xbt_anchor_loss(
-                w_anchor, corpus.old[idx].to(device), self.cfg.logit_scale)
+                w_anchor, gather(corpus.old[idx].to(device)), self.cfg.logit_scale)
         if paired is not None:  # the same batch against its cached old embeddings
             out["pair_anchor_loss"] = self.cfg.pair_anchor_weight * xbt_direct_loss(
-                v, w, paired.images[images].to(device), paired.texts[captions].to(device),
-                self.cfg.logit_scale)
+                v, w, gather(paired.images[images].to(device)),
+                gather(paired.texts[captions].to(device)), self.cfg.logit_scale)
         return out
 
 
@@ -232,11 +253,12 @@ class DirectTask:
     def losses(self, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, torch.Tensor]:
         images, captions = batch
         device = self.model.logit_scale.device
-        v = to_old_space(self.phi, self.model.encode_image(
-            self.pairs.pixels[images].float().to(device)))  # [B, D_old]
-        w = to_old_space(self.phi, self.model.encode_text(self.pairs.tokens[captions].to(device)))
-        loss = xbt_direct_loss(v, w, self.old_images[images].to(device),
-                               self.old_texts[captions].to(device), self.scale)
+        v = gather(to_old_space(self.phi, self.model.encode_image(
+            self.pairs.pixels[images].float().to(device))))  # [B, D_old], the global batch
+        w = gather(to_old_space(self.phi, self.model.encode_text(
+            self.pairs.tokens[captions].to(device))))
+        loss = xbt_direct_loss(v, w, gather(self.old_images[images].to(device)),
+                               gather(self.old_texts[captions].to(device)), self.scale)
         return {"direct_loss": loss}
 
 
@@ -394,12 +416,19 @@ def direct(p: Prepared, cfg: XbtConfig, show_progress: bool = True,
 
 
 def _old_pair_embeddings(p: Prepared, old: Encoder) -> tuple[torch.Tensor, torch.Tensor]:
-    """(images [N, D_old], captions [M, D_old]) of the paired set by the old version."""
-    if get_model_preprocess_cfg(old.model) == get_model_preprocess_cfg(p.model):
-        images = old.encode_image_tensors(p.pairs.pixels)  # same preprocessing: reuse pixels
-    else:
-        images = old.encode_images([p.dataset.load_image(i) for i in range(len(p.dataset))])
-    return torch.from_numpy(images), torch.from_numpy(old.encode_texts(p.pairs.captions))
+    """(images [N, D_old], captions [M, D_old]) of the paired set by the old version (each
+    rank embeds a block of the rows under torch.distributed; all ranks get all of them)."""
+    same = get_model_preprocess_cfg(old.model) == get_model_preprocess_cfg(p.model)
+
+    def images(lo: int, hi: int) -> torch.Tensor:
+        if same:  # same preprocessing: reuse the pixels
+            return torch.from_numpy(old.encode_image_tensors(p.pairs.pixels[lo:hi]))
+        return torch.from_numpy(old.encode_images([p.dataset.load_image(i)
+                                                   for i in range(lo, hi)]))
+
+    def texts(lo: int, hi: int) -> torch.Tensor:
+        return torch.from_numpy(old.encode_texts(p.pairs.captions[lo:hi]))
+    return map_rows(len(p.pairs.pixels), images), map_rows(len(p.pairs.captions), texts)
 
 
 def result_metrics(result: TrainResult) -> dict[str, Any]:
@@ -459,6 +488,8 @@ def upgrade(old: Artifact, new: Artifact | ModelSpec, corpus: str | Path | Seque
     file (one per line) or ``synth:N``; ``pairs``: the image-caption set of stage 2.
     Every input is checked before training; on any failure nothing is written.
     ``on_progress`` gets every step of every stage and may raise to stop (cancellation).
+    Data-parallel under torch.distributed (``training.distributed.run_ranks``): rank 0
+    alone writes ``out``.
     """
     cfg = cfg or XbtConfig()
     if Path(out).exists():
@@ -468,4 +499,6 @@ def upgrade(old: Artifact, new: Artifact | ModelSpec, corpus: str | Path | Seque
     prepared = prepare(old, new, corpus, pairs, cfg, target_space, device, show_progress)
     phi, metrics = train_upgrade(prepared, cfg, show_progress, on_progress)
     metrics["upgrade_seconds"] = time.perf_counter() - start
-    return write_upgrade(prepared, phi, cfg, metrics, out, version_id)
+    metrics["ranks"] = World.current().size
+    return on_main(lambda: write_upgrade(prepared, phi, cfg, metrics, out, version_id),
+                   lambda: load_artifact(out))
