@@ -303,7 +303,7 @@ def test_promote_and_rollback_through_the_api(client: TestClient) -> None:
     assert gallery["active"] == "v2" and gallery["serving"]["version"] == "v2"
     assert gallery["history"][-1] | {"at": None} == {
         "action": "promote", "version": "v2", "previous": "v1", "by": "ops", "at": None,
-        "reason": "continual phase 1", "forced": False, "overrides": []}
+        "reason": "continual phase 1", "forced": False, "overrides": [], "space": None}
     after = search(client, text="a red circle", top_k=3)
     assert after["version"] == "v2" and after["space"] == "v1"
     assert after["hits"] != before["hits"]  # other weights, other query embedding

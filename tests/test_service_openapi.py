@@ -42,6 +42,7 @@ def calls(artifact: Path) -> list[Call]:
 
     items = "/v1/galleries/shapes/items"
     search = "/v1/galleries/shapes/search"
+    migration = "/v1/galleries/shapes/migration"
     return [
         r(get, "/healthz"), r(get, "/readyz"), r(get, "/readyz", headers=ADMIN),
         r(get, "/metrics"), r(get, "/healthz", headers={"content-length": str(2**40)}),
@@ -91,6 +92,12 @@ def calls(artifact: Path) -> list[Call]:
         r(post, "/v1/jobs", headers=ADMIN, json={"kind": "nope", "gallery": "shapes"}),
         r(get, "/v1/jobs", headers=ADMIN), r(get, "/v1/jobs/j-nope", headers=ADMIN),
         r(delete, "/v1/jobs/j-nope", headers=ADMIN), r(get, "/v1/jobs"),
+        r(post, f"{migration}", headers=ADMIN, json={}),
+        r(post, f"{migration}", headers=ADMIN, json={"shards": 0}),
+        r(get, f"{migration}", headers=ADMIN),
+        r(post, f"{migration}/switch", headers=ADMIN, json={}),
+        r(post, f"{migration}/rollback", headers=ADMIN, json={}),
+        r(post, f"{migration}/retire", headers=ADMIN),
     ]
 
 

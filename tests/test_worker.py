@@ -275,7 +275,8 @@ def test_no_live_worker_is_503_and_nothing_is_queued(micro_versions, world, tmp_
     ("xbt", {"new": {"version": "v3"}, "corpus": "synth:10", "pairs": "WORLD",
              "config": {"stepz": 1}}, "no field(s) ['stepz']"),
     ("evaluate", {"version": "v404"}, "'v404' is not registered"),
-    ("ingest", {"manifest": "WORLD"}, "Qdrant server"),
+    ("migrate", {"shards": 0}, "params.shards"),
+    ("migrate", {"rate_limit": -1}, "params.rate_limit"),
 ])
 def test_bad_job_parameters_are_422_before_anything_is_queued(
         kind, params, needle, micro_versions, world, tmp_path) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 from celery import Celery, signals
 
 from service.state.config import Settings
-from service.state.jobs.broker import celery_config
+from service.state.jobs.broker import SHARD_TASK, celery_config
 from service.state.jobs.store import JobStore
 from service.state.jobs.workers import Heartbeat
 
@@ -35,12 +35,19 @@ def node_name() -> str:
 @signals.worker_ready.connect
 def _fail_jobs_of_a_previous_life(sender: Any = None, **_: Any) -> None:
     """A (re)started worker fails the jobs its node was running when it died: they cannot
-    still be running, and early acknowledgement means they will not come back."""
+    still be running, and early acknowledgement means they will not come back. Shards of
+    a sharded job it was running are queued again instead."""
     name = getattr(sender, "hostname", None) or node_name()
-    reaped = JobStore(settings.registry_dir).reap(0, worker=name)
+    store = JobStore(settings.registry_dir)
+    reaped = store.reap(0, worker=name)
     if reaped:
         log.warning("failed %d job(s) left running by a previous life of %s: %s",
                     len(reaped), name, reaped)
+    # A shard resumes where it stopped (its cursor), so it is queued again, not failed.
+    for job_id, shard in store.reap_shards(0, worker=name):
+        log.warning("shard %d of job %s was running in a previous life of %s; queued again",
+                    shard, job_id, name)
+        app.send_task(SHARD_TASK, args=[job_id, shard], queue=settings.training_queue)
 
 
 @signals.worker_ready.connect

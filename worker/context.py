@@ -64,14 +64,39 @@ class Heartbeat:
             raise Cancelled(f"job {self.job_id} was cancelled")
 
 
+class ShardHeartbeat(Heartbeat):
+    """The heartbeat of one shard of a sharded job: its items done, and the job's
+    aggregate progress (``report`` takes ``done`` and a progress dict)."""
+
+    def __init__(self, store: JobStore, job_id: str, shard: int, interval_s: float) -> None:
+        super().__init__(store, job_id, interval_s)
+        self.shard = shard
+        self.done = 0
+
+    def beat(self) -> None:
+        try:
+            job = self.store.beat_shard(self.job_id, self.shard, self.done, self.progress)
+        except Exception:
+            log.exception("heartbeat of %s shard %d failed", self.job_id, self.shard)
+            return
+        if job.cancel_requested or job.finished:
+            self.cancelled.set()
+
+    def advance(self, done: int, progress: dict[str, Any]) -> None:
+        self.done, self.progress = done, progress
+        self.check()
+
+
 @dataclass
 class JobContext:
-    """What a kind's runner gets: the job, the process settings, the store, the heartbeat."""
+    """What a kind's runner gets: the job, the process settings, the store, the heartbeat
+    (and, for a sharded job, which shard this task runs)."""
 
     job: Job
     settings: Settings
     store: JobStore
     heartbeat: Heartbeat
+    shard: int | None = None
 
     def open_dataset(self, path: str, name: str) -> Any:
         """The dataset at ``path``, once it and every image its manifest names are checked

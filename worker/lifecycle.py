@@ -9,7 +9,7 @@ import logging
 
 from service.state.config import Settings
 from service.state.jobs.store import Job, JobNotFound, JobStore
-from worker.context import Cancelled, Heartbeat, JobContext
+from worker.context import Cancelled, Heartbeat, JobContext, ShardHeartbeat
 from worker.runners import RUNNERS
 
 log = logging.getLogger(__name__)
@@ -38,4 +38,31 @@ def run(job_id: str, settings: Settings, worker: str) -> Job | None:
             log.exception("job %s failed", job.id)
             return store.finish(job.id, "failed", progress=heartbeat.progress or {},
                                 error=f"{type(exc).__name__}: {exc}")
+    if outcome.pop("hand_off", False):  # the gateway applies its spool, then finishes it
+        return store.hand_off(job.id, progress=heartbeat.progress or {}, **outcome)
     return store.finish(job.id, "succeeded", progress=heartbeat.progress or {}, **outcome)
+
+
+def run_shard(job_id: str, shard: int, settings: Settings, worker: str) -> Job | None:
+    """Run one shard of a sharded job (a migration's backfill); None when there is nothing
+    to run. A cancelled shard stops; a failing one fails the job (the gateway then undoes
+    what the job started); a killed one is queued again by the reaper and resumes."""
+    store = JobStore(settings.registry_dir)
+    try:
+        job = store.start_shard(job_id, shard, worker)
+    except JobNotFound:
+        log.warning("job %s has no record; shard %d skipped", job_id, shard)
+        return None
+    if job is None:
+        log.info("job %s shard %d is not queued any more; skipped", job_id, shard)
+        return None
+    log.info("job %s (%s) shard %d started on %s", job.id, job.kind, shard, worker)
+    with ShardHeartbeat(store, job.id, shard, settings.job_heartbeat_s) as heartbeat:
+        try:
+            outcome = RUNNERS[job.kind](JobContext(job, settings, store, heartbeat, shard))
+        except Cancelled:
+            return store.finish_shard(job.id, shard, "cancelled")
+        except Exception as exc:
+            log.exception("job %s shard %d failed", job.id, shard)
+            return store.finish_shard(job.id, shard, "failed", f"{type(exc).__name__}: {exc}")
+    return store.finish_shard(job.id, shard, "done", gate=outcome.get("gate"))

@@ -18,7 +18,7 @@ from fastapi import FastAPI
 import training
 from service.api import errors
 from service.api.middleware import GuardBodies, ObserveRequests
-from service.api.routes import galleries, health, items, jobs, models, search, web
+from service.api.routes import galleries, health, items, jobs, migrations, models, search, web
 from service.api.schemas.errors import ANY, API, BODY, error_responses
 from service.api.schemas.search import state_top_k_max
 from service.runtime.gateway import open_gateway
@@ -27,12 +27,14 @@ from service.runtime.serving import EncoderLoader, Runtime
 from service.runtime.threads import limit_blas_threads
 from service.runtime.watcher import watch_registry
 from service.state.config import Settings
+from service.usecases.applier import run_applier
 
 log = logging.getLogger(__name__)
 # The error statuses each router's operations may answer, declared in the OpenAPI document
 # with the error body; routes add their own (415 where a body may be JSON or multipart).
 ROUTERS = ((search, (*API, 409)), (galleries, (*API, *BODY)), (items, (*API, *BODY)),
-           (models, (*API, *BODY)), (jobs, (*API, *BODY)), (health, ANY), (web, ()))
+           (models, (*API, *BODY)), (jobs, (*API, *BODY)),
+           (migrations, (*API, *BODY)), (health, ANY), (web, ()))
 
 
 def create_app(settings: Settings | None = None, load: EncoderLoader | None = None) -> FastAPI:
@@ -48,16 +50,19 @@ def create_app(settings: Settings | None = None, load: EncoderLoader | None = No
         gateway = open_gateway(settings, metrics, load)
         app.state.gateway = gateway
         await _first_refresh(gateway.runtime)
-        watcher = (asyncio.create_task(watch_registry(gateway.runtime,
-                                                      settings.registry_poll_interval_s))
-                   if settings.registry_poll_interval_s > 0 else None)
+        loops = []
+        if settings.registry_poll_interval_s > 0:
+            loops.append(asyncio.create_task(watch_registry(gateway.runtime,
+                                                            settings.registry_poll_interval_s)))
+        if settings.apply_interval_s > 0:  # writes what workers spooled; drives migrations
+            loops.append(asyncio.create_task(run_applier(gateway, settings.apply_interval_s)))
         try:
             yield
         finally:
-            if watcher is not None:
-                watcher.cancel()
+            for task in loops:
+                task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
-                    await watcher
+                    await task
             gateway.close()
 
     app = FastAPI(title="nobackfill gateway", version=training.__version__, lifespan=lifespan,

@@ -33,8 +33,21 @@ EncoderLoader = Callable[[Artifact, str], Encoder]  # (artifact, space) -> encod
 
 
 @dataclass(frozen=True)
+class OtherSide:
+    """The other side of a migrating gallery: every write reaches it too, embedded by the
+    active version into its space."""
+
+    space: str
+    collection: str
+    embedder: Embedder
+
+
+@dataclass(frozen=True)
 class Serving:
-    """What answers one gallery: its space, active version and that version's embedder."""
+    """What answers one gallery: its space, the collection that holds that space's vectors,
+    the active version and that version's embedder (and, while a migration keeps two
+    sides, the other one). Captured once per request, so a switch mid-request cannot mix
+    spaces."""
 
     gallery: str
     space: str
@@ -42,6 +55,9 @@ class Serving:
     embedder: Embedder | None
     error: ServiceError | None = None  # why there is no embedder (409 space, 503 load)
     stale: str | None = None  # why the registry's newer active version is not serving yet
+    collection: str = ""  # "" only without an embedder
+    others: tuple[OtherSide, ...] = ()
+    migration: str | None = None  # the open migration's state, if any
 
     def ready(self) -> Embedder:
         if self.embedder is None:
@@ -128,9 +144,14 @@ class Runtime:
                            SpaceMismatch(_wrong_space(gallery, record)))
         try:
             embedder = await self._embedder(record, gallery.space)
+            others = tuple([OtherSide(side.space, side.collection,
+                                      await self._embedder(record, side.space))
+                            for side in gallery.sides()[1:]])
         except Exception as exc:  # noqa: BLE001 - logged and counted; the old version serves on
             return self._keep_previous(gallery, exc)
-        return Serving(gallery.name, gallery.space, gallery.active, embedder)
+        return Serving(gallery.name, gallery.space, gallery.active, embedder,
+                       collection=gallery.serving_side.collection, others=others,
+                       migration=gallery.migration.state if gallery.migration else None)
 
     def _keep_previous(self, gallery: GalleryRecord, exc: Exception) -> Serving:
         """A version that fails to load never replaces one that works."""
@@ -162,6 +183,8 @@ class Runtime:
         dropped model is freed once its last in-flight request finishes."""
         in_use = {(s.embedder.version, s.space) for s in snapshot.galleries.values()
                   if s.embedder is not None}
+        in_use |= {(o.embedder.version, o.space) for s in snapshot.galleries.values()
+                   for o in s.others}
         idle = [k for k in self._embedders if k not in in_use]
         keep = set(idle[-self.keep_warm:]) if self.keep_warm > 0 else set()
         self._embedders = {k: v for k, v in self._embedders.items() if k in in_use | keep}

@@ -83,6 +83,12 @@ class Settings(BaseSettings):
     worker_stale_after_s: float = Field(
         30.0, gt=0, description="job submission answers 503 when no worker has written its "
         "liveness record for this long")
+    migration_rate_limit: float = Field(
+        0.0, ge=0, description="items/s a migration's backfill may embed over all its shards "
+        "(a job's rate_limit overrides it); 0: no limit")
+    apply_interval_s: float = Field(
+        0.5, ge=0, description="how often the gateway applies what workers spooled (ingest "
+        "and migrate jobs) and drives migrations; 0 turns it off (tests drive it)")
     gate_margin: float = Field(
         0.0, ge=0, le=1, description="the gate needs new->old R@1 >= old->old R@1 + margin")
     gate_retention_limit: float = Field(

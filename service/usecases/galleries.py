@@ -45,15 +45,16 @@ async def list_galleries(gateway: Gateway) -> list[Gallery]:
 async def get_gallery(gateway: Gateway, name: str) -> Gallery:
     """The gallery's space, active version, history, item count, what this replica serves."""
     record = await asyncio.to_thread(gateway.registry.gallery, name)
-    items = await asyncio.to_thread(gateway.store.count, name)
+    items = await asyncio.to_thread(gateway.store.count, record.serving_side.collection)
     return Gallery(record, _serving(gateway, name), items)
 
 
 async def delete_gallery(gateway: Gateway, name: str, by: str) -> GalleryRecord:
     """Delete a gallery: Conflict while a job for it is queued or running; otherwise its
     registry record goes first (so no replica lists or serves it, and it is never recorded
-    without a collection), then its Qdrant collection and alias, then its thumbnails, and
-    last the registry's tombstone. Repeating an interrupted delete finishes it."""
+    without a collection), then its Qdrant collections (both sides of a migration) and
+    alias, then its thumbnails, and last the registry's tombstone. Repeating an
+    interrupted delete finishes it."""
     busy = [j.id for j in await asyncio.to_thread(gateway.jobs.list)
             if j.gallery == name and not j.finished]
     if busy:
@@ -61,6 +62,9 @@ async def delete_gallery(gateway: Gateway, name: str, by: str) -> GalleryRecord:
                        f"cancel them or let them finish, then delete it")
     record = await asyncio.to_thread(gateway.registry.retire_gallery, name, by=by)
     await gateway.runtime.refresh()  # this replica stops serving it before it goes
+    for side in record.sides():  # a migrated gallery's collections are not its alias's
+        if side.collection != name:
+            await asyncio.to_thread(gateway.store.drop_collection, side.collection)
     await asyncio.to_thread(gateway.store.drop, name)
     await asyncio.to_thread(ThumbnailStore.of(gateway.settings).drop, name)
     await asyncio.to_thread(gateway.registry.forget_gallery, name)

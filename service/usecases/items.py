@@ -1,9 +1,12 @@
 """Add and delete a gallery's items.
 
 Adding: validate every item first (a bad one rejects the whole batch, nothing is
-written), embed with the serving version's route into the gallery's space on the
-device lane, and write through the shared pipeline (``service.state.gallery.ingest``):
-upsert by caller id (sending the same batch twice changes nothing), thumbnails beside.
+written), keep each uploaded image's bytes (``service.state.gallery.sources``: a migration
+re-embeds from them), embed with the serving version's route into the gallery's space on
+the device lane (and into the other side's space while a migration keeps two), and write
+through the shared pipeline (``service.state.gallery.ingest``): upsert by caller id
+(sending the same batch twice changes nothing), thumbnails beside. Writes and deletes take
+the gallery's write lock, which orders them against a migration's backfill.
 """
 
 from __future__ import annotations
@@ -18,9 +21,12 @@ from PIL import Image
 
 from service.runtime.embedder import Embedder
 from service.runtime.gateway import Gateway
+from service.runtime.serving import Serving
 from service.state.config import Settings
-from service.state.errors import InvalidInput, NotFound, ServiceError, shown
-from service.state.gallery.ingest import GalleryWriter, Source, embed, payload
+from service.state.errors import InvalidInput, NotFound, ServiceError, Unavailable, shown
+from service.state.gallery.ingest import Source, embed, payload, write_sides
+from service.state.gallery.locks import gallery_lock
+from service.state.gallery.sources import SourceStore
 from service.state.thumbnails import ThumbnailStore
 from service.usecases.media import decode_image
 
@@ -43,23 +49,54 @@ class Ingested:
 
 async def add_items(gateway: Gateway, gallery: str, items: Sequence[NewItem]) -> Ingested:
     check_items(items, gateway.settings.ingest_max_items)
-    embedder = gateway.runtime.serving(gallery).ready()
+    serving = gateway.runtime.serving(gallery)
+    embedder = serving.ready()
     sources = await asyncio.to_thread(_sources, items, gateway.settings)
-    prepared = await asyncio.to_thread(Preprocessed, embedder, sources)
-    vectors = await asyncio.get_running_loop().run_in_executor(embedder.lane, embed, prepared,
-                                                               sources)
-    writer = GalleryWriter(gateway.store, ThumbnailStore.of(gateway.settings), gallery,
-                           embedder.version, embedder.space)
-    count = await asyncio.to_thread(writer.write, sources, vectors)
+    sides = []
+    for space, collection, side_embedder in ((serving.space, serving.collection, embedder),
+                                             *((o.space, o.collection, o.embedder)
+                                               for o in serving.others)):
+        prepared = await asyncio.to_thread(Preprocessed, side_embedder, sources)
+        vectors = await asyncio.get_running_loop().run_in_executor(
+            side_embedder.lane, embed, prepared, sources)
+        sides.append((space, collection, vectors))
+    count = await asyncio.to_thread(_locked_write, gateway, serving, sources, sides)
     return Ingested(gallery, embedder.version, embedder.space, count)
 
 
+def _locked_write(gateway: Gateway, serving: Serving, sources: Sequence[Source],
+                  sides: Sequence[tuple[str, str, Sequence[Mapping[str, np.ndarray]]]]) -> int:
+    with gallery_lock(gateway.settings, serving.gallery):
+        _same_sides(gateway, serving)
+        return write_sides(gateway.store, ThumbnailStore.of(gateway.settings), serving.gallery,
+                           serving.version, sources, sides)
+
+
+def _same_sides(gateway: Gateway, serving: Serving) -> None:
+    """Under the write lock: the sides this request embedded for are still the gallery's
+    (a migration that began or ended since it started would miss a side): else 503, retry."""
+    record = gateway.registry.gallery(serving.gallery)
+    now = [(s.space, s.collection) for s in record.sides()]
+    had = [(serving.space, serving.collection), *((o.space, o.collection)
+                                                  for o in serving.others)]
+    if now != had:
+        raise Unavailable(f"gallery '{serving.gallery}' changed sides (a migration began, "
+                          f"switched or ended) while this request ran; nothing was written, "
+                          f"send it again")
+
+
 async def delete_items(gateway: Gateway, gallery: str, ids: list[str]) -> int:
-    """Delete by id (an unknown id is not an error); their thumbnails go too."""
+    """Delete by id from every side (an unknown id is not an error); thumbnails go too."""
     known_gallery(gateway, gallery)
-    await asyncio.to_thread(gateway.store.delete, gallery, ids)
+    await asyncio.to_thread(_locked_delete, gateway, gallery, ids)
     await asyncio.to_thread(ThumbnailStore.of(gateway.settings).delete, gallery, ids)
     return len(ids)
+
+
+def _locked_delete(gateway: Gateway, gallery: str, ids: list[str]) -> None:
+    with gallery_lock(gateway.settings, gallery):
+        for side in gateway.registry.gallery(gallery).sides():
+            gateway.store.delete(side.collection, ids)
 
 
 def known_gallery(gateway: Gateway, gallery: str) -> None:
@@ -100,9 +137,12 @@ class Preprocessed:
 
 def _sources(items: Sequence[NewItem], settings: Settings) -> list[Source]:
     """Decode every image (the error names the item that failed) into the pipeline's
-    sources; the caller's payload is stored as given (``payload``)."""
-    return [Source(item.id, item.text, _image(n, item, settings), payload(item.payload))
-            for n, item in enumerate(items)]
+    sources, then keep the originals; the caller's payload is stored as given."""
+    images = [_image(n, item, settings) for n, item in enumerate(items)]
+    kept = SourceStore.of(settings)
+    return [Source(item.id, item.text, image, payload(item.payload),
+                   kept.put(item.image) if item.image is not None else None)
+            for item, image in zip(items, images, strict=True)]
 
 
 def _image(n: int, item: NewItem, settings: Settings) -> Image.Image | None:

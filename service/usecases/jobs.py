@@ -9,11 +9,12 @@ import asyncio
 from typing import Any
 
 from service.runtime.gateway import Gateway
-from service.state.errors import InvalidInput, Unavailable
+from service.state.errors import Unavailable
 from service.state.jobs.specs import check_job
 from service.state.jobs.store import Job
 from service.state.jobs.workers import live_workers, require_live_worker
 from service.state.paths import Roots
+from service.usecases import migration
 
 
 async def submit_job(gateway: Gateway, kind: str, gallery: str, params: dict[str, Any],
@@ -24,14 +25,13 @@ async def submit_job(gateway: Gateway, kind: str, gallery: str, params: dict[str
     settings, jobs = gateway.settings, gateway.jobs
     parsed = await asyncio.to_thread(check_job, kind, gallery, params, gateway.registry,
                                      Roots.of(settings))
-    if kind == "ingest" and settings.qdrant_url is None:
-        raise InvalidInput("ingest jobs write to Qdrant from a worker, which needs a Qdrant "
-                           "server (NOBACKFILL_QDRANT_URL): the embedded Qdrant is open in "
-                           "this gateway only; add items with POST /v1/galleries/{gallery}/"
-                           "items instead")
+    if kind == "migrate":
+        await asyncio.to_thread(migration.check_can_start, gateway, gallery)
     await asyncio.to_thread(require_live_worker, settings)
     job = await asyncio.to_thread(jobs.create, kind, gallery, parsed.model_dump(by_alias=True),
                                   by=by, auto_promote=auto_promote)
+    if kind == "migrate":
+        return await _submit_shards(gateway, job)
     try:  # what the worker needs from the gallery store, read here: this process owns it
         await asyncio.to_thread(parsed.snapshot, gateway.store, gallery, jobs.work_dir(job.id))
     except Exception:
@@ -47,6 +47,27 @@ async def submit_job(gateway: Gateway, kind: str, gallery: str, params: dict[str
         raise Unavailable(f"the job queue did not answer within "
                           f"{settings.broker_timeout_s * 2:.0f}s; the job was not created") from exc
     return job
+
+
+async def _submit_shards(gateway: Gateway, job: Job) -> Job:
+    """A migration: open it and plan its shards (``migration.prepare``), then queue every
+    shard; if any step fails, the migration is undone and the job record removed."""
+    try:
+        shards = await migration.prepare(gateway, job)
+    except Exception:
+        await asyncio.to_thread(gateway.jobs.delete, job.id)
+        raise
+    try:
+        for shard in shards:
+            await asyncio.wait_for(asyncio.to_thread(gateway.queue.send_shard, job.id, shard),
+                                   timeout=gateway.settings.broker_timeout_s * 2)
+    except (Unavailable, asyncio.TimeoutError) as exc:
+        await migration.abort(gateway, job.gallery, job.id)
+        await asyncio.to_thread(gateway.jobs.delete, job.id)
+        if isinstance(exc, Unavailable):
+            raise
+        raise Unavailable("the job queue did not answer; the migration was not started") from exc
+    return await asyncio.to_thread(gateway.jobs.get, job.id)
 
 
 async def list_jobs(gateway: Gateway) -> list[Job]:

@@ -41,7 +41,8 @@ async def search(gateway: Gateway, gallery: str, query: Query) -> Answer:
     serving = gateway.runtime.serving(gallery)
     embedder = serving.ready()  # 409 when the version has no route into the gallery's space
     vector = await embed_query(embedder, query, gateway.settings)
-    hits = await gateway.searches.search(gallery, vector, query.kind, query.top_k, query.where)
+    hits = await gateway.searches.search(serving.collection, vector, query.kind, query.top_k,
+                                         query.where)
     return Answer(gallery, embedder.version, embedder.route, embedder.space, query.kind, hits)
 
 

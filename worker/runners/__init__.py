@@ -17,13 +17,14 @@ from worker.runners.adapter import run_adapter
 from worker.runners.continual import run_continual
 from worker.runners.evaluate import run_evaluate
 from worker.runners.ingest import run_ingest
+from worker.runners.migrate import run_migrate
 from worker.runners.xbt import run_xbt
 
 Runner = Callable[[JobContext], dict[str, Any]]
 
 RUNNERS: dict[str, Runner] = {"continual": run_continual, "xbt": run_xbt,
                               "adapter": run_adapter, "evaluate": run_evaluate,
-                              "ingest": run_ingest}
+                              "ingest": run_ingest, "migrate": run_migrate}
 
 if set(RUNNERS) != set(JOB_KINDS):
     raise RuntimeError(f"job kinds without a runner: {sorted(set(JOB_KINDS) - set(RUNNERS))}; "

@@ -43,6 +43,7 @@ class EventOut(BaseModel):
     reason: str | None
     forced: bool
     overrides: list[str]
+    space: str | None = Field(None, description="migration events: the space it moved into")
 
     @classmethod
     def of(cls, event: Event) -> EventOut:
@@ -66,6 +67,10 @@ class GalleryOut(BaseModel):
     serving: ServingOut | None = None
     items: int | None = Field(None, description="points stored (single-gallery reads only)")
     validation: str | None = None
+    collection: str | None = Field(None, description="the Qdrant collection that serves "
+                                                     "(null: the one behind the alias)")
+    migration: dict[str, Any] | None = Field(None, description="an open migration: state, "
+                                             "job, source and target spaces")
 
     @classmethod
     def of(cls, record: GalleryRecord, serving: Serving | None = None,
@@ -74,7 +79,16 @@ class GalleryOut(BaseModel):
                    created_at=record.created_at,
                    history=[EventOut.of(e) for e in record.history],
                    serving=_serving(serving) if serving else None, items=items,
-                   validation=record.validation)
+                   validation=record.validation, collection=record.collection,
+                   migration=_migration(record))
+
+
+def _migration(record: GalleryRecord) -> dict[str, Any] | None:
+    m = record.migration
+    if m is None:
+        return None
+    return {"state": m.state, "job": m.job, "version": m.version,
+            "source_space": m.source.space, "target_space": m.target.space}
 
 
 def _serving(serving: Serving) -> ServingOut:

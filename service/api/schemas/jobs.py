@@ -31,7 +31,9 @@ class JobOut(BaseModel):
     kind: str
     gallery: str
     params: dict[str, Any]
-    status: Literal["queued", "running", "succeeded", "failed", "cancelled"]
+    status: Literal["queued", "running", "applying", "succeeded", "failed", "cancelled"] = Field(
+        description="applying: the workers are done and the gateway is writing their "
+                    "results into the gallery (ingest, migrate)")
     progress: dict[str, Any]
     created_by: str
     created_at: str
@@ -46,6 +48,9 @@ class JobOut(BaseModel):
     promoted: bool
     result: dict[str, Any]
     error: str | None
+    shards: list[dict[str, Any]] = Field(
+        default_factory=list, description="a sharded job's shards (migrate): range, state, "
+                                          "done/total, worker, attempts")
 
     @classmethod
     def of(cls, job: Job) -> JobOut:

@@ -73,6 +73,7 @@ class HitOut(BaseModel):
     score: float
     payload: dict[str, Any]
     version: str = Field(description="the version that embedded this gallery item")
+    space: str = Field(description="the space of its stored vector (always the answer's)")
 
 
 class SearchResponse(BaseModel):
@@ -85,7 +86,7 @@ class SearchResponse(BaseModel):
 
     @classmethod
     def of(cls, answer: Answer) -> SearchResponse:
-        hits = [HitOut(id=h.id, score=h.score, payload=h.payload, version=h.version)
+        hits = [HitOut(id=h.id, score=h.score, payload=h.payload, version=h.version, space=h.space)
                 for h in answer.hits]
         return cls(gallery=answer.gallery, version=answer.version, route=answer.route,
                    space=answer.space, kind=answer.kind, hits=hits)  # type: ignore[arg-type]

@@ -7,7 +7,9 @@
    has ``encode_texts`` and ``encode_images`` (a training ``Encoder``, or the gateway's
    ``Embedder`` on its device lane).
 3. ``GalleryWriter.write``: upsert by item id (idempotent), tagged with the version and
-   the space that embedded it, and save a thumbnail of every image.
+   the space that embedded it and the item's origin (what a later re-embedding reads),
+   and save a thumbnail of every image. A migrating gallery has two sides (one
+   collection per space): ``write_sides`` writes one batch to each with one etag.
 
 One payload schema (``payload``): the caller's own keys, then the keys the service fills
 when it knows them: ``caption`` (the item's first caption in the ingest language),
@@ -17,6 +19,7 @@ when it knows them: ``caption`` (the item's first caption in the ingest language
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -36,6 +39,16 @@ class Source:
     text: str | None = None
     image: Image.Image | None = None
     payload: Mapping[str, Any] | None = None
+    image_uri: str | None = None  # where the original image is kept (``sources``)
+
+    def origin(self) -> dict[str, Any]:
+        """What a re-embedding of this item reads: its text and where its image is."""
+        out: dict[str, Any] = {}
+        if self.text is not None:
+            out["text"] = self.text
+        if self.image is not None:
+            out["image"] = self.image_uri
+        return out
 
 
 class Encodes(Protocol):
@@ -71,9 +84,11 @@ def dataset_sources(dataset: Any, indices: Iterable[int], kinds: Collection[str]
     sources = []
     for i in indices:
         record = dataset.records[i]
+        image_path = getattr(record, "image_path", None)
         sources.append(Source(record.id, _caption(record, language) if "text" in kinds else None,
                               dataset.load_image(i) if "image" in kinds else None,
-                              record_payload(record, language)))
+                              record_payload(record, language),
+                              str(image_path) if image_path is not None else None))
     return sources
 
 
@@ -105,16 +120,29 @@ class GalleryWriter:
     gallery: str
     version: str
     space: str
+    collection: str | None = None  # default: the gallery's alias
 
     def write(self, sources: Sequence[Source], vectors: Sequence[Mapping[str, np.ndarray]],
               ) -> int:
         """Upsert by id (a re-run changes nothing), then the thumbnails (an item stored
         without an image loses the thumbnail of the item it replaced)."""
-        items = [Item(s.id, v, s.payload) for s, v in zip(sources, vectors, strict=True)]
-        self.store.upsert(self.gallery, items, self.version, self.space)
-        self.thumbnails.replace(self.gallery, {
-            s.id: make_thumbnail(s.image) if s.image is not None else None for s in sources})
-        return len(items)
+        return write_sides(self.store, self.thumbnails, self.gallery, self.version, sources,
+                           [(self.space, self.collection or self.gallery, vectors)])
+
+
+def write_sides(store: GalleryStore, thumbnails: ThumbnailStore, gallery: str, version: str,
+                sources: Sequence[Source],
+                sides: Sequence[tuple[str, str, Sequence[Mapping[str, np.ndarray]]]]) -> int:
+    """Upsert ``sources`` into every side, (space, collection, per-source vectors), with
+    one etag per item shared by the sides; then the thumbnails."""
+    etags = [uuid.uuid4().hex for _ in sources]
+    for space, collection, vectors in sides:
+        items = [Item(s.id, v, s.payload, s.origin(), etag)
+                 for s, v, etag in zip(sources, vectors, etags, strict=True)]
+        store.upsert(collection, items, version, space)
+    thumbnails.replace(gallery, {
+        s.id: make_thumbnail(s.image) if s.image is not None else None for s in sources})
+    return len(sources)
 
 
 def ingest_dataset(encoder: Encodes, writer: GalleryWriter, dataset: Any, batch_size: int,

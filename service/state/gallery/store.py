@@ -1,6 +1,11 @@
 """Gallery storage in Qdrant. A gallery is an alias (its name) onto a collection with two
 named vectors, ``image`` and ``text``; an item is one point holding the vectors it has.
-Every point's payload records the item id, the version that embedded it and the space.
+Every point's payload records the item id, the version that embedded it, the space, the
+item's origin (what a re-embedding reads: its text, where its image is) and an etag that
+changes with every write (a backfill writes an item only if it is still the one it read).
+
+A migrating gallery has a second collection (its other side, ``create_side``); every
+method takes a collection name, and a gallery's name (its alias) works as one.
 """
 
 from __future__ import annotations
@@ -32,6 +37,19 @@ class Item:
     id: str
     vectors: Mapping[str, np.ndarray]  # kind -> [D], L2-normalised
     payload: Mapping[str, Any] | None = None
+    origin: Mapping[str, Any] | None = None  # {"text": str, "image": uri}: what was embedded
+    etag: str | None = None  # None: a new one (a fresh write)
+
+
+@dataclass(frozen=True)
+class Stored:
+    """One stored item without its vectors: what a backfill reads and copies."""
+
+    id: str
+    etag: str | None
+    origin: dict[str, Any]
+    payload: dict[str, Any]
+    kinds: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -92,6 +110,38 @@ class GalleryStore:
         with self._call():
             self.client.create_collection(collection, vectors_config=dict.fromkeys(KINDS, params))
             self.client.update_collection_aliases(change_aliases_operations=[alias])
+
+    def create_side(self, gallery: str, dim: int) -> str:
+        """A new, empty collection for another side of ``gallery`` (no alias); its name."""
+        collection = f"{gallery}-{uuid.uuid4().hex[:8]}"
+        params = models.VectorParams(size=dim, distance=models.Distance.DOT)
+        with self._call():
+            self.client.create_collection(collection, vectors_config=dict.fromkeys(KINDS, params))
+        return collection
+
+    def collection_of(self, gallery: str) -> str | None:
+        """The collection behind the gallery's alias (None if it has none)."""
+        with self._call():
+            return self._aliases().get(gallery)
+
+    def point_alias(self, gallery: str, collection: str) -> None:
+        """Move the gallery's alias onto ``collection`` (one aliases call, so a client of
+        the alias sees one or the other)."""
+        change = [models.DeleteAliasOperation(delete_alias=models.DeleteAlias(alias_name=gallery)),
+                  models.CreateAliasOperation(create_alias=models.CreateAlias(
+                      collection_name=collection, alias_name=gallery))]
+        with self._call():
+            if gallery not in self._aliases():
+                change = change[1:]
+            self.client.update_collection_aliases(change_aliases_operations=change)
+
+    def drop_collection(self, collection: str) -> bool:
+        """Remove one collection (a retired side); False when it was gone already."""
+        with self._call():
+            if not self.client.collection_exists(collection):
+                return False
+            self.client.delete_collection(collection)
+        return True
 
     def drop(self, gallery: str) -> bool:
         """Remove the gallery's collection, then its alias; False when there was nothing to
@@ -177,6 +227,24 @@ class GalleryStore:
             out[version] = {"items": len(items), "sha256": digest.hexdigest()}
         return out
 
+    def stored(self, collection: str, ids: Sequence[str] | None = None,
+               page: int = 1000) -> dict[str, Stored]:
+        """Item id -> ``Stored`` (no vectors), of ``ids`` or of every item."""
+        with self._call(collection):
+            if ids is not None:
+                found = self.client.retrieve(collection, ids=[point_id(i) for i in ids],
+                                             with_payload=True, with_vectors=False)
+                return {s.id: s for s in map(_stored, found)}
+        out: dict[str, Stored] = {}
+        offset = None
+        while True:
+            with self._call(collection):
+                batch, offset = self.client.scroll(collection, limit=page, offset=offset,
+                                                   with_payload=True, with_vectors=False)
+            out.update((s.id, s) for s in map(_stored, batch))
+            if offset is None:
+                return out
+
     def points(self, gallery: str, page: int = 1000) -> list[tuple[str, dict[str, Any]]]:
         """(item id, caller payload) of every stored item, without vectors."""
         out, offset = [], None
@@ -226,7 +294,8 @@ def payload_filter(where: Where | None) -> models.Filter | None:
 
 def _point(item: Item, version: str, space: str) -> models.PointStruct:
     payload = {"item_id": item.id, "version": version, "space": space,
-               "kinds": sorted(item.vectors), "payload": dict(item.payload or {})}
+               "kinds": sorted(item.vectors), "payload": dict(item.payload or {}),
+               "origin": dict(item.origin or {}), "etag": item.etag or uuid.uuid4().hex}
     vectors = {kind: v.astype(np.float32).tolist() for kind, v in item.vectors.items()}
     return models.PointStruct(id=point_id(item.id), vector=vectors, payload=payload)
 
@@ -234,6 +303,13 @@ def _point(item: Item, version: str, space: str) -> models.PointStruct:
 def _caller_payload(stored: Mapping[str, Any]) -> dict[str, Any]:
     """The item's own payload (caption, domain, source, ...) inside the stored record."""
     return dict(stored.get("payload") or {})
+
+
+def _stored(point: models.Record) -> Stored:
+    payload = point.payload or {}
+    return Stored(str(payload.get("item_id")), payload.get("etag"),
+                  dict(payload.get("origin") or {}), dict(payload.get("payload") or {}),
+                  tuple(payload.get("kinds") or ()))
 
 
 def _hit(point: models.ScoredPoint) -> Hit:

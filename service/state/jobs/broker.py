@@ -20,13 +20,15 @@ from service.state.config import Settings
 from service.state.errors import Unavailable
 
 TASK = "nobackfill.run_job"
+SHARD_TASK = "nobackfill.run_shard"  # one shard of a sharded job (a migration's backfill)
 WEEK_S = 7 * 24 * 3600
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
     conf: dict[str, Any] = {
         "task_default_queue": settings.training_queue,
-        "task_routes": {TASK: {"queue": settings.training_queue}},
+        "task_routes": {TASK: {"queue": settings.training_queue},
+                        SHARD_TASK: {"queue": settings.training_queue}},
         "task_serializer": "json", "result_serializer": "json", "accept_content": ["json"],
         "task_acks_late": False,
         "worker_prefetch_multiplier": 1,
@@ -81,9 +83,15 @@ class JobQueue:
         return self._app
 
     def send(self, job_id: str) -> None:
+        self._send(TASK, [job_id])
+
+    def send_shard(self, job_id: str, shard: int) -> None:
+        self._send(SHARD_TASK, [job_id, shard])
+
+    def _send(self, task: str, args: list[object]) -> None:
         where = self.settings.broker_url or f"filesystem {self.settings.broker_dir}"
         try:
-            self._celery().send_task(TASK, args=[job_id], queue=self.settings.training_queue,
+            self._celery().send_task(task, args=args, queue=self.settings.training_queue,
                                      retry=False)
         except Exception as exc:  # kombu/redis/OS errors all mean "not queued"
             raise Unavailable(f"the job queue (broker at {where}) is unavailable: "

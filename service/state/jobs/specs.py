@@ -169,11 +169,29 @@ class IngestParams(Params):
         _dataset(roots, self.manifest, "manifest")
 
 
+class MigrateParams(Params):
+    """Re-embed every item of the gallery with its active version natively, into a new
+    side (collection) in that version's space, then switch (``service.usecases.migration``)."""
+
+    shards: int = Field(2, ge=1, le=256, description="ranges of the items that workers "
+                                                     "backfill at once, each resumable")
+    batch_size: int = Field(64, ge=1, le=4096, description="items per forward")
+    rate_limit: float | None = Field(None, ge=0, description="items/s over all shards, so a "
+                                     "backfill does not starve searches on a shared host; 0: "
+                                     "none; default: the NOBACKFILL_MIGRATION_RATE_LIMIT setting")
+    auto_switch: bool = Field(True, description="switch when every item has its new vector "
+                                                "and the gate passes")
+    validation: str | None = Field(None, description="gate data (default: the gallery's)")
+
+    def check(self, registry: Registry, roots: Roots) -> None:
+        _dataset(roots, self.validation, "validation")
+
+
 # The one table of job kinds: name -> parameters (with their checks). The worker maps the
 # same names to runners and refuses to start if the two tables differ.
 JOB_KINDS: dict[str, type[Params]] = {"continual": ContinualParams, "xbt": XbtParams,
                                       "adapter": AdapterParams, "evaluate": EvaluateParams,
-                                      "ingest": IngestParams}
+                                      "ingest": IngestParams, "migrate": MigrateParams}
 
 
 def parse_params(kind: str, params: dict[str, Any]) -> Params:

@@ -9,6 +9,12 @@ Lifecycle: ``queued -> running -> succeeded | failed | cancelled``; ``queued ->
 cancelled``. A running job whose heartbeat stops (its worker was killed) is failed
 by :meth:`JobStore.reap`; its work directory, which holds any partial artifact, is
 removed with it.
+
+Jobs whose results the gateway writes into a gallery (``ingest``, ``migrate``) go
+``running -> applying`` when their workers are done; the gateway finishes them once it has
+applied their spool (``service.state.gallery.spool``). A ``migrate`` job runs as shards
+(``Job.shards``), each its own task: a shard whose worker dies is queued again
+(:meth:`JobStore.reap_shards`) and resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -30,7 +36,8 @@ from service.state.errors import Conflict, NotFound, shown
 from service.state.registry.index import utc_now
 
 FINISHED = ("succeeded", "failed", "cancelled")
-STATUSES = ("queued", "running", *FINISHED)
+STATUSES = ("queued", "running", "applying", *FINISHED)
+SHARD_STATES = ("queued", "running", "done", "failed", "cancelled")
 JOBS = "jobs"
 JOB_ID = re.compile(r"job-[0-9a-f]{12}")
 
@@ -60,6 +67,9 @@ class Job:
     promoted: bool = False
     result: dict[str, Any] = field(default_factory=dict)  # kind-specific summary
     error: str | None = None
+    # Sharded jobs: {"index", "start", "end", "state", "done", "total", "worker",
+    # "heartbeat_at", "attempts", "started_at", "error"} per shard.
+    shards: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
@@ -161,6 +171,107 @@ class JobStore:
         shutil.rmtree(self.work_dir(job_id), ignore_errors=True)
         return job
 
+    # ------------------------------------------------------------ shards
+    def add_shards(self, job_id: str, shards: list[dict[str, Any]]) -> Job:
+        """Append shards ({"start", "end", "total"}); a job that was applying runs again."""
+        def change(job: Job) -> Job:
+            now = utc_now()
+            new = [{"index": len(job.shards) + n, "state": "queued", "done": 0, "attempts": 0,
+                    "worker": None, "heartbeat_at": None, "started_at": None, "error": None,
+                    "queued_at": now, "sends": 1, **shard} for n, shard in enumerate(shards)]
+            status = "running" if job.status == "applying" else job.status
+            return replace(job, shards=[*job.shards, *new], status=status)
+        return self.update(job_id, change)
+
+    def start_shard(self, job_id: str, index: int, worker: str) -> Job | None:
+        """A shard: queued -> running (the job too, the first time); None when there is
+        nothing to run (the job ended or is being cancelled, or the shard is not queued:
+        a duplicate delivery)."""
+        def change(job: Job) -> Job:
+            shard = job.shards[index] if index < len(job.shards) else None
+            if (job.finished or job.cancel_requested or shard is None
+                    or shard["state"] != "queued"):
+                return job
+            now = utc_now()
+            shards = _with_shard(job, index, state="running", worker=worker, heartbeat_at=now,
+                                 started_at=shard.get("started_at") or now,
+                                 attempts=shard["attempts"] + 1)
+            return replace(job, status="running", started_at=job.started_at or now,
+                           heartbeat_at=now, worker=worker, shards=shards)
+        job = self.update(job_id, change)
+        shard = job.shards[index] if index < len(job.shards) else None
+        ok = shard is not None and shard["state"] == "running" and shard["worker"] == worker
+        return job if ok and not job.finished else None
+
+    def beat_shard(self, job_id: str, index: int, done: int,
+                   progress: dict[str, Any] | None = None) -> Job:
+        """A running shard's heartbeat: how many of its items it has done."""
+        def change(job: Job) -> Job:
+            if job.finished or job.shards[index]["state"] != "running":
+                return job
+            now = utc_now()
+            return replace(job, heartbeat_at=now, progress={**job.progress, **(progress or {})},
+                           shards=_with_shard(job, index, done=done, heartbeat_at=now))
+        return self.update(job_id, change)
+
+    def finish_shard(self, job_id: str, index: int, state: str, error: str | None = None,
+                     gate: dict[str, Any] | None = None) -> Job:
+        """A shard ends: ``done``, ``cancelled``, or ``failed`` (then the job fails)."""
+        def change(job: Job) -> Job:
+            if job.finished:
+                return job
+            shard = job.shards[index]
+            shards = _with_shard(job, index, state=state, error=error,
+                                 done=shard["total"] if state == "done" else shard["done"])
+            if state == "failed":
+                return replace(job, shards=shards, status="failed", ended_at=utc_now(),
+                               error=f"shard {index}: {error}")
+            return replace(job, shards=shards, gate=gate if gate is not None else job.gate)
+        return self.update(job_id, change)
+
+    def reap_shards(self, stale_after_s: float, worker: str | None = None,
+                    ) -> list[tuple[str, int]]:
+        """Shards to send again; (job id, shard) of each. A running shard whose heartbeat
+        is older than ``stale_after_s`` (or, with ``worker``, that ran on that worker node,
+        which restarted) goes back to queued. A queued shard that has not started within
+        ``stale_after_s`` times 2 per earlier send is sent again: its message may have been
+        reserved by a worker that was killed (a duplicate delivery is skipped)."""
+        now = datetime.now(timezone.utc)
+        lost: list[tuple[str, int]] = []
+        for job in self.list():
+            if job.finished or job.cancel_requested or not job.shards:
+                continue
+
+            def change(job: Job) -> Job:
+                shards = list(job.shards)
+                for n, shard in enumerate(shards):
+                    if shard["state"] == "running":
+                        dead = (_same_node(shard["worker"], worker) if worker is not None
+                                else _older(shard["heartbeat_at"],
+                                            now - timedelta(seconds=stale_after_s)))
+                    elif shard["state"] == "queued" and worker is None:
+                        wait = stale_after_s * 2 ** max(int(shard.get("sends", 1)) - 1, 0)
+                        dead = _older(shard.get("queued_at"), now - timedelta(seconds=wait))
+                    else:
+                        dead = False
+                    if dead:
+                        shards[n] = {**shard, "state": "queued", "worker": None,
+                                     "queued_at": utc_now(),
+                                     "sends": int(shard.get("sends", 1)) + 1}
+                        lost.append((job.id, n))
+                return replace(job, shards=shards)
+            self.update(job.id, change)
+        return lost
+
+    def hand_off(self, job_id: str, **fields: Any) -> Job:
+        """running -> applying: the workers are done; the gateway applies the job's spool
+        and finishes it (its work directory stays until then)."""
+        def change(job: Job) -> Job:
+            if job.finished:
+                return job
+            return replace(job, status="applying", **fields)
+        return self.update(job_id, change)
+
     def cancel(self, job_id: str) -> Job:
         """A queued job is cancelled at once; a running one is asked to stop (the training
         loop checks the flag every few steps and leaves no artifact)."""
@@ -179,8 +290,8 @@ class JobStore:
         limit = datetime.now(timezone.utc) - timedelta(seconds=stale_after_s)
         reaped = []
         for job in self.list():
-            if job.status != "running":
-                continue
+            if job.status != "running" or job.shards:
+                continue  # sharded jobs: their shards are reaped (``reap_shards``)
             dead = (job.worker is not None and _same_node(job.worker, worker)
                     if worker is not None else _older(job.heartbeat_at, limit))
             if dead:
@@ -202,6 +313,12 @@ class JobStore:
             os.replace(tmp, self._path(job.id))
         finally:
             tmp.unlink(missing_ok=True)
+
+
+def _with_shard(job: Job, index: int, **fields: Any) -> list[dict[str, Any]]:
+    shards = list(job.shards)
+    shards[index] = {**shards[index], **fields}
+    return shards
 
 
 def _older(stamp: str | None, limit: datetime) -> bool:

@@ -50,7 +50,7 @@ class VersionRecord:
 class Event:
     """One change of a gallery's active version: who, when, why."""
 
-    action: str  # "create" | "promote" | "rollback"
+    action: str  # "create" | "promote" | "rollback" | "migrate" | "migration-rollback"
     version: str
     previous: str | None
     by: str
@@ -58,6 +58,7 @@ class Event:
     reason: str | None = None
     forced: bool = False  # the promotion skipped a check (``overrides``), on an operator's word
     overrides: tuple[str, ...] = ()  # checks a forced promotion skipped: "gate", "space"
+    space: str | None = None  # migration events: the space the gallery moved into
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "overrides": list(self.overrides)}
@@ -68,6 +69,40 @@ class Event:
 
 
 @dataclass(frozen=True)
+class Side:
+    """Where a gallery keeps the vectors of one space: a Qdrant collection."""
+
+    space: str
+    collection: str
+
+
+@dataclass(frozen=True)
+class Migration:
+    """A gallery's move from one space to another (blue-green: one collection per side).
+
+    ``backfilling``: the source side serves; a job re-embeds every item into the target
+    side while every write goes to both. ``switched``: the target side serves; the source
+    side is kept (and still written) for a rollback. ``rolled_back``: the source side
+    serves again; the target side is kept until retired. Retiring drops the side that
+    does not serve and ends the migration."""
+
+    job: str
+    version: str  # the version whose native space is the target
+    source: Side
+    target: Side
+    state: str  # backfilling | switched | rolled_back
+    started_at: str
+    by: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Migration:
+        return cls(**{**data, "source": Side(**data["source"]), "target": Side(**data["target"])})
+
+
+@dataclass(frozen=True)
 class GalleryRecord:
     name: str
     space: str
@@ -75,14 +110,34 @@ class GalleryRecord:
     created_at: str
     history: tuple[Event, ...] = field(default_factory=tuple)
     validation: str | None = None  # held-out data the gate evaluates candidates on
+    # The collection holding the vectors of ``space`` (None: the one behind the alias
+    # named after the gallery, as every gallery had before its first migration).
+    collection: str | None = None
+    migration: Migration | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "history": [e.to_json() for e in self.history]}
+        return {**asdict(self), "history": [e.to_json() for e in self.history],
+                "migration": self.migration.to_json() if self.migration else None}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> GalleryRecord:
         history = tuple(Event.from_json(e) for e in data.get("history", ()))
-        return cls(**{**data, "history": history})
+        migration = data.get("migration")
+        return cls(**{**data, "history": history,
+                      "migration": Migration.from_json(migration) if migration else None})
+
+    @property
+    def serving_side(self) -> Side:
+        return Side(self.space, self.collection or self.name)
+
+    def sides(self) -> tuple[Side, ...]:
+        """Every side a write must reach: the serving one first, then the other side of
+        an open migration."""
+        if self.migration is None:
+            return (self.serving_side,)
+        m = self.migration
+        other = m.target if m.source.space == self.space else m.source
+        return (self.serving_side, other)
 
     def with_event(self, event: Event) -> GalleryRecord:
         return replace(self, active=event.version, history=(*self.history, event))

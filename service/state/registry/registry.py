@@ -40,7 +40,7 @@ from service.state.errors import (
 )
 from service.state.registry import staging
 from service.state.registry.index import IndexFile, utc_now
-from service.state.registry.records import Event, GalleryRecord, VersionRecord
+from service.state.registry.records import Event, GalleryRecord, Migration, Side, VersionRecord
 from training.artifacts import MANIFEST, Artifact
 
 GALLERY_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
@@ -255,6 +255,7 @@ class Registry:
             record, candidate = _gallery(index, gallery), _version(index, version)
             if record.active == version:
                 return record  # idempotent: promoting the active version changes nothing
+            _serves_every_side(record, candidate)
             overrides = _failed_checks(record, candidate)
             if overrides and not force:
                 raise _refusal(overrides[0], record, candidate)
@@ -269,15 +270,85 @@ class Registry:
                  reason: str | None = None) -> GalleryRecord:
         def change(index: dict[str, Any]) -> GalleryRecord:
             record = _gallery(index, gallery)
-            _version(index, version)
+            candidate = _version(index, version)
             if record.active == version:
                 return record
+            _serves_every_side(record, candidate)
             if version not in record.earlier_versions():
                 raise Conflict(f"version '{version}' was never active for gallery '{gallery}'; "
                                f"earlier versions: {record.earlier_versions()}")
             event = Event("rollback", version, record.active, by, utc_now(),
                           (reason or "").strip() or None)
             return _save(index, record.with_event(event))
+        return self.index.update(change)
+
+    # ------------------------------------------------------------ migrations
+    def begin_migration(self, gallery: str, *, job: str, source: str, target: str,
+                        by: str) -> GalleryRecord:
+        """Open a migration of ``gallery`` into its active version's native space: the
+        serving side is recorded as ``source`` (a collection), ``target`` is the new,
+        empty collection. Conflict while one is open, or when the gallery is already in
+        that space."""
+        def change(index: dict[str, Any]) -> GalleryRecord:
+            record = _gallery(index, gallery)
+            version = _version(index, record.active)
+            if record.migration is not None:
+                raise Conflict(_open_migration(record))
+            if version.space == record.space:
+                raise Conflict(f"gallery '{gallery}' is already in space '{record.space}', the "
+                               f"native space of its active version '{version.version_id}'; "
+                               f"promote the version to migrate to first")
+            migration = Migration(job, version.version_id, Side(record.space, source),
+                                  Side(version.space, target), "backfilling", utc_now(), by)
+            return _save(index, replace(record, collection=source, migration=migration))
+        return self.index.update(change)
+
+    def switch_migration(self, gallery: str, *, by: str, reason: str | None = None,
+                         ) -> GalleryRecord:
+        """backfilling -> switched: the gallery's space and collection become the target's
+        in one index update (a replica swaps to it whole, as for a promotion)."""
+        def change(index: dict[str, Any]) -> GalleryRecord:
+            record = _gallery(index, gallery)
+            m = _migration(record, "backfilling", "switch")
+            event = Event("migrate", record.active, record.active, by, utc_now(), reason,
+                          space=m.target.space)
+            switched = replace(record, space=m.target.space, collection=m.target.collection,
+                               migration=replace(m, state="switched"))
+            return _save(index, switched.with_event(event))
+        return self.index.update(change)
+
+    def rollback_migration(self, gallery: str, *, by: str, reason: str | None = None,
+                           ) -> GalleryRecord:
+        """switched -> rolled_back: the source side (space, collection, route) serves again."""
+        def change(index: dict[str, Any]) -> GalleryRecord:
+            record = _gallery(index, gallery)
+            m = _migration(record, "switched", "roll back")
+            active = _version(index, record.active)
+            if m.source.space not in active.routes:
+                raise SpaceMismatch(_no_route(active, m.source.space))
+            event = Event("migration-rollback", record.active, record.active, by, utc_now(),
+                          (reason or "").strip() or None, space=m.source.space)
+            back = replace(record, space=m.source.space, collection=m.source.collection,
+                           migration=replace(m, state="rolled_back"))
+            return _save(index, back.with_event(event))
+        return self.index.update(change)
+
+    def end_migration(self, gallery: str, *, abort: bool) -> tuple[GalleryRecord, Side]:
+        """Close the migration; (the record, the side to drop). ``abort`` (its job was
+        cancelled or failed): only while backfilling, the target side goes. Otherwise
+        (retire): only after a switch or a rollback, the side that does not serve goes."""
+        def change(index: dict[str, Any]) -> tuple[GalleryRecord, Side]:
+            record = _gallery(index, gallery)
+            m = record.migration
+            if m is None:
+                raise Conflict(f"gallery '{gallery}' has no migration to "
+                               f"{'cancel' if abort else 'retire'}")
+            if abort != (m.state == "backfilling"):
+                raise Conflict(f"the migration of gallery '{gallery}' is {m.state}; " + (
+                    "retire it instead" if abort else
+                    f"cancel its job {m.job} to abandon it, or wait for the switch"))
+            dropped = record.sides()[1]
+            return _save(index, replace(record, migration=None)), dropped
         return self.index.update(change)
 
 
@@ -343,6 +414,35 @@ def _newest_native(index: dict[str, Any], space: str) -> VersionRecord:
         raise Conflict(f"no registered version embeds natively into space '{shown(space)}'; "
                        f"register one or name the version that serves the gallery")
     return max(native, key=lambda v: v.registered_at)
+
+
+def _migration(record: GalleryRecord, state: str, action: str) -> Migration:
+    m = record.migration
+    if m is None:
+        raise Conflict(f"gallery '{record.name}' has no migration to {action}")
+    if m.state != state:
+        raise Conflict(f"cannot {action} the migration of gallery '{record.name}': it is "
+                       f"{m.state}, not {state}")
+    return m
+
+
+def _open_migration(record: GalleryRecord) -> str:
+    m = record.migration
+    assert m is not None
+    return (f"gallery '{record.name}' already has a migration ({m.state}, job {m.job}, "
+            f"'{m.source.space}' -> '{m.target.space}'); finish it (switch, then retire) or "
+            f"cancel it first")
+
+
+def _serves_every_side(record: GalleryRecord, candidate: VersionRecord) -> None:
+    """While a migration keeps two sides, every write reaches both: a version may serve
+    only if it embeds into both spaces."""
+    missing = [s.space for s in record.sides() if s.space not in candidate.routes]
+    if record.migration is not None and missing:
+        raise Conflict(f"gallery '{record.name}' keeps sides in spaces "
+                       f"{[s.space for s in record.sides()]} during its migration; version "
+                       f"'{candidate.version_id}' has no route into {missing}; retire or cancel "
+                       f"the migration first")
 
 
 def _failed_checks(gallery: GalleryRecord, candidate: VersionRecord) -> list[str]:

@@ -1,0 +1,63 @@
+"""A gallery's migration into its active version's native space (admin): start it (a
+``migrate`` job), watch it, switch, roll back, retire the old side. Cancel it by
+cancelling its job (DELETE /v1/jobs/{id}): the target side is dropped."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from service.api import API_V1
+from service.api.deps import AdminDep, GatewayDep
+from service.api.schemas.jobs import JobOut
+from service.api.schemas.migrations import (
+    MigrationIn,
+    MigrationOut,
+    ReasonIn,
+    RetiredOut,
+    SideOut,
+    SwitchIn,
+)
+from service.usecases import jobs, migration
+
+router = APIRouter(prefix=f"{API_V1}/galleries/{{gallery}}/migration", tags=["migrations"])
+
+
+@router.post("", response_model=JobOut, status_code=202)
+async def start(gallery: str, body: MigrationIn, gateway: GatewayDep, admin: AdminDep) -> JobOut:
+    """Re-embed every item with the active version natively into a new side, while
+    searches go on through its route; switch when done and gated (auto_switch). 409 while
+    a migration of the gallery is open or it is already in that space."""
+    params = body.model_dump(exclude_none=True)
+    return JobOut.of(await jobs.submit_job(gateway, "migrate", gallery, params, False, admin))
+
+
+@router.get("", response_model=MigrationOut)
+async def get(gallery: str, gateway: GatewayDep, _: AdminDep) -> MigrationOut:
+    """State, sides, progress (done/total, items/s, ETA), gate and unreadable items."""
+    return MigrationOut.of(await migration.view(gateway, gallery))
+
+
+@router.post("/switch", response_model=MigrationOut)
+async def switch(gallery: str, body: SwitchIn, gateway: GatewayDep,
+                 admin: AdminDep) -> MigrationOut:
+    """Switch to the new side now (when auto_switch was off, the gate failed, or items
+    must be dropped). 409 while the backfill runs or items lack a new vector."""
+    await migration.switch(gateway, gallery, by=admin, drop=list(body.drop), force=body.force,
+                           reason=body.reason)
+    return MigrationOut.of(await migration.view(gateway, gallery))
+
+
+@router.post("/rollback", response_model=MigrationOut)
+async def rollback(gallery: str, body: ReasonIn, gateway: GatewayDep,
+                   admin: AdminDep) -> MigrationOut:
+    """Serve from the old side again (its space, through the route) in one call."""
+    await migration.rollback(gateway, gallery, by=admin, reason=body.reason)
+    return MigrationOut.of(await migration.view(gateway, gallery))
+
+
+@router.post("/retire", response_model=RetiredOut)
+async def retire(gallery: str, gateway: GatewayDep, _: AdminDep) -> RetiredOut:
+    """End the migration: delete the side that does not serve (no rollback after this)."""
+    record, dropped = await migration.retire(gateway, gallery)
+    return RetiredOut(gallery=gallery, space=record.space,
+                      dropped=SideOut(space=dropped.space, collection=dropped.collection))

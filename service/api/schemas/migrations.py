@@ -1,0 +1,71 @@
+"""Bodies of /v1/galleries/{gallery}/migration (``service.usecases.migration``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.api.schemas.galleries import ItemId
+from service.state.jobs.specs import MigrateParams
+from service.usecases.migration import MigrationView
+
+
+class MigrationIn(MigrateParams):
+    """Start a migration (a ``migrate`` job; the same as POST /v1/jobs with that kind)."""
+
+
+class SwitchIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    drop: list[ItemId] = Field(default_factory=list, max_length=100_000, description=(
+        "items without a new vector (unreadable sources) to delete from both sides so the "
+        "switch can go on; it must list every such item"))
+    force: bool = Field(False, description="switch although the gate did not pass")
+    reason: str | None = Field(None, max_length=1000, description="recorded; needed with force")
+
+
+class ReasonIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str | None = Field(None, max_length=1000)
+
+
+class SideOut(BaseModel):
+    space: str
+    collection: str
+
+
+class MigrationOut(BaseModel):
+    gallery: str
+    state: str = Field(description="backfilling | switched | rolled_back")
+    serving_space: str = Field(description="the space the gallery answers in now")
+    version: str = Field(description="the version whose native space is the target")
+    source: SideOut
+    target: SideOut
+    job: str
+    job_status: str | None
+    started_at: str
+    started_by: str
+    progress: dict[str, Any] = Field(description="stage, done, total, items_per_s, eta_s, "
+                                                 "applied, unreadable")
+    gate: dict[str, Any] | None = Field(None, description="new->new against the route "
+                                                          "new->old on the validation set")
+    result: dict[str, Any] = Field(default_factory=dict, description=(
+        "applied, skipped, unreadable [{id, reason}], missing, switched, switch_refused"))
+
+    @classmethod
+    def of(cls, found: MigrationView) -> MigrationOut:
+        m, job = found.migration, found.job
+        return cls(gallery=found.gallery.name, state=m.state, serving_space=found.gallery.space,
+                   version=m.version, source=SideOut(**m.source.__dict__),
+                   target=SideOut(**m.target.__dict__), job=m.job,
+                   job_status=job.status if job else None, started_at=m.started_at,
+                   started_by=m.by, progress=found.progress, gate=job.gate if job else None,
+                   result=job.result if job else {})
+
+
+class RetiredOut(BaseModel):
+    gallery: str
+    space: str = Field(description="the space the gallery serves in (kept)")
+    dropped: SideOut = Field(description="the side that was deleted")

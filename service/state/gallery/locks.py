@@ -1,0 +1,18 @@
+"""The write lock of a gallery, on the shared volume (so every gateway replica takes the
+same one): held while items are written to or deleted from its sides, while a worker's
+spooled batch is applied, and while the gallery switches sides. It orders a backfill's
+etag check against the writes of the items API, so none of them is lost or undone."""
+
+from __future__ import annotations
+
+from filelock import FileLock
+
+from service.state.config import Settings
+
+LOCKS = "locks"
+
+
+def gallery_lock(settings: Settings, gallery: str, timeout_s: float = 60.0) -> FileLock:
+    folder = settings.registry_dir / LOCKS
+    folder.mkdir(parents=True, exist_ok=True)
+    return FileLock(folder / f"gallery-{gallery}.lock", timeout=timeout_s, thread_local=False)
