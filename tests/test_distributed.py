@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import pytest
 import torch
 
 from tests.conftest import MICRO_CONFIG, MICRO_PREPROCESS
+from tests.rank_entries import fail_on_rank_one, train_forever
 from training.artifacts import Artifact, load_artifact
 from training.continual.phase import run_phase
 from training.continual.strategy import PhaseOptions
@@ -31,9 +31,8 @@ from training.distributed import (
     check_gpus,
     gather,
     launch,
-    run_ranks,
 )
-from training.encoders import ModelSpec
+from training.encoders import ModelSpec, create_model
 from training.errors import ConfigError
 from training.trainer import TrainConfig
 from training.xbt.config import XbtConfig
@@ -85,8 +84,15 @@ def _xbt(data: PairDataset, parent: Artifact, out: Path) -> dict[str, Any]:
             "out": out / "xbt", "cfg": cfg, "version_id": "v-xbt", "show_progress": False}
 
 
+def _base(data: PairDataset, parent: Artifact, out: Path) -> dict[str, Any]:
+    return {"spec": _spec(), "dataset": data, "out": out / "clip", "version_id": "b",
+            "cfg": TrainConfig(steps=STEPS, batch_size=BATCH, lr=1e-3, adam_eps=1e-6),
+            "show_progress": False}
+
+
 # (name, entry point, kwargs builder); config values keep each method's update visible
 RUNS = [
+    ("clip", train_contrastive, _base),
     ("seqft", run_phase, lambda d, p, o: _phase("seqft", d, p, o, lr=1e-3)),
     ("modx", run_phase, lambda d, p, o: _phase("modx", d, p, o, lr=1e-3)),
     ("ctp", run_phase, lambda d, p, o: _phase("ctp", d, p, o, lr=1e-3, queue_size=24)),
@@ -99,9 +105,10 @@ RUNS = [
 
 def _all_methods(world: World, payload: list[tuple[Any, dict[str, Any]]],
                  report: Any) -> None:
-    """One rank of the shared launch: every method in turn, in the same process group."""
+    """One rank of the shared launch: every method in turn, in the same process group,
+    rank 0 reporting progress."""
     for fn, kwargs in payload:
-        fn(**kwargs, device=str(world.device))
+        fn(**kwargs, device=str(world.device), on_progress=report)
 
 
 @pytest.fixture(scope="module")
@@ -112,8 +119,12 @@ def runs(data: PairDataset, parent: Artifact,
     single = {name: fn(**build(data, parent, root / "one"), device="cpu")
               for name, fn, build in RUNS}
     launch(_all_methods, [(fn, build(data, parent, root / "two")) for _, fn, build in RUNS],
-           gpus=2, device="cpu", threads=1)
+           gpus=2, device="cpu", on_progress=PROGRESS.append, threads=1)
+    assert sorted(p.name for p in (root / "two").iterdir()) == sorted(n for n, _, _ in RUNS)
     return {name: (single[name], load_artifact(root / "two" / name)) for name, _, _ in RUNS}
+
+
+PROGRESS: list[Any] = []  # what rank 0 reported during the shared launch
 
 
 def _tensors(artifact: Artifact) -> dict[str, torch.Tensor]:
@@ -142,12 +153,18 @@ def _moved(method: str, trained: Artifact, parent: Artifact) -> float:
     after = trained.tensors("adapters.safetensors" if method == "xbt" else "model.safetensors")
     if method == "xbt":
         return max(float(v.abs().max()) for k, v in after.items() if "lora_B" in k)
-    before = parent.tensors("model.safetensors")
+    if method == "clip":  # trained from its seeded initialisation, not from the parent
+        torch.manual_seed(0)
+        before = {k: v.detach() for k, v in create_model(_spec()).state_dict().items()}
+    else:
+        before = parent.tensors("model.safetensors")
     return max(float((after[k].float().reshape(-1)[:before[k].numel()]
                       - before[k].float().reshape(-1)).abs().max()) for k in before)
 
 
 def test_losses_and_reported_state_match_too(runs) -> None:
+    assert PROGRESS and PROGRESS[-1].stage == "xbt stage 2 (pairs)"  # rank 0 reported
+    assert PROGRESS[-1].step == PROGRESS[-1].total == STEPS
     seqft_one, seqft_two = runs["seqft"]
     assert seqft_two.manifest["metrics"]["final_loss"] == pytest.approx(
         seqft_one.manifest["metrics"]["final_loss"], rel=1e-5)
@@ -208,26 +225,9 @@ def test_cuda_ranks_on_a_host_without_cuda_are_refused() -> None:
 
 
 # ---------------------------------------------------------------- failure and cancellation
-def _fail_on_rank_one(world: World, payload: Any, report: Any) -> None:
-    if world.rank == 1:
-        raise ValueError("rank one cannot read its shard")
-    torch.distributed.barrier()  # rank 0 would wait forever without the launcher
-
-
 def test_a_failing_rank_stops_the_others_and_is_named() -> None:
     with pytest.raises(RankFailed, match="rank 1 failed: ValueError: rank one cannot read"):
-        launch(_fail_on_rank_one, None, gpus=2, device="cpu", threads=1)
-
-
-def _train_forever(world: World, pid_dir: Path, report: Any) -> None:
-    (pid_dir / f"rank{world.rank}.pid").write_text(str(os.getpid()))
-    step = 0
-    while True:
-        torch.distributed.all_reduce(torch.ones(1))
-        step += 1
-        if report is not None:
-            report(step)
-        time.sleep(0.01)
+        launch(fail_on_rank_one, None, gpus=2, device="cpu", threads=1)
 
 
 class Stop(Exception):
@@ -243,7 +243,7 @@ def test_cancelling_stops_every_rank(tmp_path: Path) -> None:
             raise Stop  # what a cancelled job's heartbeat raises
 
     with pytest.raises(Stop):
-        launch(_train_forever, tmp_path, gpus=2, device="cpu", on_progress=on_progress,
+        launch(train_forever, tmp_path, gpus=2, device="cpu", on_progress=on_progress,
                threads=1)
     assert seen and seen[-1] >= 5
     for rank in (0, 1):
@@ -260,14 +260,3 @@ def _alive(pid: int) -> bool:
     return status.exists() and status.read_text().split()[2] != "Z"
 
 
-def test_run_ranks_writes_one_artifact_from_rank_zero(data, tmp_path: Path) -> None:
-    progress: list[Any] = []
-    run_ranks(2, train_contrastive, {"spec": _spec(), "dataset": data,
-                                     "cfg": TrainConfig(steps=3, batch_size=8),
-                                     "out": tmp_path / "base", "version_id": "b2",
-                                     "show_progress": False},
-              device="cpu", on_progress=progress.append, threads=1)
-    art = load_artifact(tmp_path / "base")
-    assert art.manifest["metrics"]["ranks"] == 2 and art.version_id == "b2"
-    assert [p.step for p in progress][-1] == 3 and progress[-1].total == 3
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["base"]  # no stray temporaries

@@ -230,7 +230,7 @@ def ddp(module: torch.nn.Module, world: World | None = None) -> torch.nn.Module:
     from torch.nn.parallel import DistributedDataParallel
 
     ids = [world.device] if world.device is not None and world.device.type == "cuda" else None
-    return DistributedDataParallel(module, device_ids=ids, broadcast_buffers=False)
+    return DistributedDataParallel(module, device_ids=ids)
 
 
 # ---------------------------------------------------------------------- devices
@@ -312,35 +312,46 @@ def launch(entry: Callable[[World, Any, Callable[[Any], None] | None], None], pa
         messages.join_thread()
 
 
+@dataclass(frozen=True)
+class RankError:
+    """A rank's exception, sent before it exits. When one rank fails, its peers fail next
+    (their collectives lose a member): the first report names the cause."""
+
+    rank: int
+    error: str
+
+
 def _supervise(procs: Any, messages: Any, on_progress: Callable[[Any], None] | None,
                check: Callable[[], None] | None) -> None:
+    errors: list[RankError] = []
     done = False
     while not done:
-        _drain(messages, on_progress)
+        _drain(messages, on_progress, errors)
         if check is not None:
             check()
         try:
             done = procs.join(timeout=POLL_S)
-        except mp.ProcessRaisedException as exc:
-            raise RankFailed(f"rank {exc.error_index} failed: {_last_line(str(exc))}") from None
-        except mp.ProcessExitedException as exc:
+        except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
+            _drain(messages, None, errors)
+            if errors:
+                raise RankFailed(f"rank {errors[0].rank} failed: {errors[0].error}") from None
             raise RankFailed(f"rank {exc.error_index} died ({exc}); the other ranks were "
-                                f"stopped") from None
-    _drain(messages, on_progress)
+                             f"stopped") from None
+    _drain(messages, on_progress, errors)
 
 
-def _drain(messages: Any, on_progress: Callable[[Any], None] | None) -> None:
+def _drain(messages: Any, on_progress: Callable[[Any], None] | None,
+           errors: list[RankError]) -> None:
     latest = None
     with contextlib.suppress(queue.Empty):
         while True:
-            latest = messages.get_nowait()
+            message = messages.get_nowait()
+            if isinstance(message, RankError):
+                errors.append(message)
+            else:
+                latest = message
     if latest is not None and on_progress is not None:
         on_progress(latest)
-
-
-def _last_line(traceback_text: str) -> str:
-    lines = [line for line in traceback_text.strip().splitlines() if line.strip()]
-    return lines[-1].strip() if lines else traceback_text
 
 
 def stop_ranks(processes: list[Any], grace_s: float = STOP_GRACE_S) -> None:
@@ -385,8 +396,10 @@ def _rank_main(rank: int, spec: RankSpec, entry: Callable[..., None], payload: A
         world = World(rank, spec.size, device)
         entry(world, payload, messages.put if world.is_main else None)
         dist.barrier()  # rank 0's artifact is written before anyone reports success
-    finally:
-        dist.destroy_process_group()
+    except BaseException as exc:
+        messages.put(RankError(rank, f"{type(exc).__name__}: {exc}"[:2000]))
+        raise
+    dist.destroy_process_group()
 
 
 def run_ranks(gpus: int, fn: Callable[..., Any], kwargs: dict[str, Any],
