@@ -361,6 +361,8 @@ def test_each_gpu_worker_reserves_exactly_one_gpu(workers: dict[str, dict[str, A
     ids: list[str] = []
     for name, service in workers.items():
         devices = gpu_devices(service)
+        if name == "worker-multigpu":  # test_the_multi_gpu_worker_holds_several_gpus
+            continue
         if name == "worker-cpu":
             assert devices == [] and service["profiles"] == ["cpu"]
             continue
@@ -377,6 +379,16 @@ def test_each_gpu_worker_reserves_exactly_one_gpu(workers: dict[str, dict[str, A
     # Celery node names (worker@hostname) stay put across restarts and differ between workers.
     hostnames = [s["hostname"] for s in workers.values()]
     assert len(hostnames) == len(set(hostnames))
+
+
+def test_the_multi_gpu_worker_holds_several_gpus(workers: dict[str, dict[str, Any]]) -> None:
+    """One worker for jobs with params.gpus > 1: several GPUs by id, opt-in by profile."""
+    service = workers["worker-multigpu"]
+    (device,) = gpu_devices(service)
+    assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
+    assert "count" not in device and [str(i) for i in device["device_ids"]] == ["0", "1", "2", "3"]
+    assert service["profiles"] == ["multigpu"] and service["hostname"].endswith("-gpus0-3")
+    assert environment(service)["NOBACKFILL_DEVICE"] == "cuda"
 
 
 # ----------------------------------------------------------------------------- health

@@ -9,6 +9,7 @@ from service.state.jobs.specs import ContinualParams
 from service.state.registry import Registry
 from worker.admission import admit
 from worker.context import JobContext
+from worker.runners.ranks import train_candidate
 
 
 def run_continual(ctx: JobContext) -> dict[str, Any]:
@@ -20,9 +21,9 @@ def run_continual(ctx: JobContext) -> dict[str, Any]:
     registry = Registry(ctx.settings.registry_dir)
     parent = registry.artifact(p.parent or registry.gallery(ctx.job.gallery).active)
     options = PhaseOptions(steps=p.steps, batch_size=p.batch_size, seed=p.seed, domain=p.domain,
-                           language=p.language, version_id=p.version_id,
-                           device=ctx.settings.device, show_progress=False)
-    candidate = run_phase(parent, p.method, ctx.open_dataset(p.data, "data"), ctx.out,
-                          get_strategy(p.method).Config.from_dict(p.config), options,
-                          on_progress=ctx.heartbeat.report)
+                           language=p.language, version_id=p.version_id, show_progress=False)
+    candidate = train_candidate(ctx, p.gpus, run_phase, parent=parent, method=p.method,
+                                data=ctx.open_dataset(p.data, "data"), out=ctx.out,
+                                config=get_strategy(p.method).Config.from_dict(p.config),
+                                options=options)
     return admit(ctx, candidate, new_domain=p.domain, new_language=p.language)

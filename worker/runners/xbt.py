@@ -9,6 +9,7 @@ from service.state.jobs.specs import ModelRef, XbtParams
 from service.state.registry import Registry
 from worker.admission import admit
 from worker.context import JobContext
+from worker.runners.ranks import train_candidate
 
 
 def run_xbt(ctx: JobContext) -> dict[str, Any]:
@@ -18,11 +19,11 @@ def run_xbt(ctx: JobContext) -> dict[str, Any]:
     p = XbtParams.model_validate(ctx.job.params)
     registry = Registry(ctx.settings.registry_dir)
     gallery = registry.gallery(ctx.job.gallery)
-    candidate = upgrade(registry.artifact(gallery.active), new_model(p.new, registry), p.corpus,
-                        ctx.open_dataset(p.pairs, "pairs"), ctx.out, XbtConfig.from_dict(p.config),
-                        version_id=p.version_id, target_space=gallery.space,
-                        device=ctx.settings.device, show_progress=False,
-                        on_progress=ctx.heartbeat.report)
+    candidate = train_candidate(ctx, p.gpus, upgrade, old=registry.artifact(gallery.active),
+                                new=new_model(p.new, registry), corpus=p.corpus,
+                                pairs=ctx.open_dataset(p.pairs, "pairs"), out=ctx.out,
+                                cfg=XbtConfig.from_dict(p.config), version_id=p.version_id,
+                                target_space=gallery.space, show_progress=False)
     return admit(ctx, candidate)
 
 
