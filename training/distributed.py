@@ -34,7 +34,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -300,8 +300,9 @@ def launch(entry: Callable[[World, Any, Callable[[Any], None] | None], None], pa
     spec = RankSpec(gpus, free_port(), backend, device, threads)
     context = mp.get_context("spawn")
     messages = context.Queue()
-    procs = mp.start_processes(_rank_main, args=(spec, entry, payload, messages), nprocs=gpus,
-                               join=False, start_method="spawn")
+    with _children_allowed():
+        procs = mp.start_processes(_rank_main, args=(spec, entry, payload, messages),
+                                   nprocs=gpus, join=False, start_method="spawn")
     try:
         _supervise(procs, messages, on_progress, check)
     except BaseException:
@@ -319,6 +320,30 @@ class RankError:
 
     rank: int
     error: str
+
+
+@contextlib.contextmanager
+def _children_allowed() -> Iterator[None]:
+    """Let a Celery prefork pool worker (the task's process) start the ranks.
+
+    Its pool marks it daemonic, and multiprocessing refuses children to daemonic processes
+    because they would be orphaned when it is killed; here the launcher reaps every rank
+    on every exit path and each rank dies with its launcher (``_die_with_parent``), which
+    is what the rule is for. Its process record is billiard's, whose authentication key
+    only billiard's own spawning may pickle: spawn gets the same key as the standard
+    library's type. Both are restored once the ranks have started."""
+    import multiprocessing.process as mp_process
+
+    config = mp_process.current_process()._config  # type: ignore[attr-defined]
+    saved = dict(config)
+    config.pop("daemon", None)
+    if "authkey" in config:
+        config["authkey"] = mp_process.AuthenticationString(bytes(config["authkey"]))
+    try:
+        yield
+    finally:
+        config.clear()
+        config.update(saved)
 
 
 def _supervise(procs: Any, messages: Any, on_progress: Callable[[Any], None] | None,

@@ -1,0 +1,90 @@
+"""Multi-rank jobs through the HTTP API, a real Redis and a real Celery worker process:
+a 2-rank continual phase and a 2-rank XBT upgrade end as gated, registered versions; a
+cancelled 2-rank job leaves no rank process, no version and no work directory behind.
+On this CPU-only host the worker's 2 "GPUs" are 2 gloo processes."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import ADMIN
+from test_worker import (  # the job-test harness of test_worker.py
+    TINY_XBT,
+    continual,
+    gateway,
+    job,
+    job_settings,
+    redis_up,
+    submit,
+    until,
+    wait_for,
+    worker_process,
+)
+from test_worker import world as world  # noqa: PLC0414 (the module's dataset fixture)
+
+
+def rank_processes(session: int) -> list[int]:
+    """Pids of the spawned ranks in the worker's session (the worker runs in its own)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, IndexError):
+            continue  # exited while we looked
+        if int(fields[3]) == session and fields[0] != "Z" and b"spawn_main" in cmdline:
+            found.append(int(stat.parent.name))
+    return found
+
+
+# Three 2-rank jobs, each starting two processes that import torch and open_clip: about
+# 3.5 minutes on a 2-core host, so it runs with the slow tests (make test-slow).
+@pytest.mark.slow
+def test_two_rank_jobs_register_gated_versions_and_cancel_cleanly(micro_versions, world,
+                                                                   tmp_path) -> None:
+    redis_up()
+    values = job_settings(tmp_path / "data", world, broker=True, queue=f"test-{uuid.uuid4().hex}")
+    registry_root = tmp_path / "data" / "registry"
+    with gateway(values, micro_versions, world) as client, \
+            worker_process(values, tmp_path / "worker.log") as proc:
+        # A 2-rank continual phase: gated and registered.
+        phase = submit(client, "continual", {**continual(world, steps=3), "gpus": 2},
+                       auto_promote=True)
+        done = until(client, phase["id"], ("succeeded", "failed"), proc, timeout=240)
+        assert done["status"] == "succeeded", done["error"]
+        assert done["progress"]["step"] == done["progress"]["total"] == 3  # rank 0's steps
+        assert done["gate"]["passed"] is True and done["promoted"] is True
+        stored = client.get(f"/v1/models/{done['version']}", headers=ADMIN).json()
+        assert stored["manifest"]["metrics"]["ranks"] == 2
+        assert stored["manifest"]["hyperparameters"]["train"]["batch_size"] == 8  # global
+
+        # A 2-rank XBT upgrade of v3 into the gallery's space: gated and registered.
+        up = submit(client, "xbt", {"new": {"version": "v3"}, "corpus": "synth:300",
+                                    "pairs": str(world), "config": TINY_XBT, "gpus": 2})
+        done = until(client, up["id"], ("succeeded", "failed"), proc, timeout=240)
+        assert done["status"] == "succeeded", done["error"]
+        assert set(done["gate"]) >= {"passed", "checks", "matrix"}
+        stored = client.get(f"/v1/models/{done['version']}", headers=ADMIN).json()
+        assert stored["manifest"]["metrics"]["ranks"] == 2 and stored["gate"] is not None
+        versions = {m["version_id"] for m in client.get("/v1/models", headers=ADMIN).json()}
+
+        # Cancel a long 2-rank phase mid-run: both ranks go, nothing is registered.
+        long = submit(client, "continual", {**continual(world, steps=100_000), "gpus": 2})
+        wait_for(lambda: job(client, long["id"])["progress"].get("step", 0) > 0, 180,
+                 "progress of the 2-rank job", proc)
+        assert len(rank_processes(proc.pid)) == 2  # really two ranks
+        r = client.delete(f"/v1/jobs/{long['id']}", headers=ADMIN)
+        assert r.status_code == 200 and r.json()["cancel_requested"] is True
+        done = until(client, long["id"], ("cancelled", "failed", "succeeded"), proc)
+        assert done["status"] == "cancelled" and done["version"] is None, done["error"]
+        assert rank_processes(proc.pid) == []  # stopped before the job was marked cancelled
+        assert {m["version_id"] for m in client.get("/v1/models", headers=ADMIN).json()} == \
+            versions
+        assert not (registry_root / "jobs" / f"{long['id']}.work").exists()
+
+        # A job asking for more ranks than the host has fails, naming the limit.
+        too_many = submit(client, "continual", {**continual(world), "gpus": 64})
+        done = until(client, too_many["id"], ("failed", "succeeded"), proc)
+        assert done["status"] == "failed" and "gpus=64" in done["error"], done["error"]
