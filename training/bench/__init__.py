@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from training.bench import base_models, continual, language, upgrade, xbt
+from training.bench import base_models, continual, distributed, language, upgrade, xbt
 
 BENCHMARKS: dict[str, Callable[[Any, str], None]] = {
     "base": base_models.register,
@@ -19,4 +19,5 @@ BENCHMARKS: dict[str, Callable[[Any, str], None]] = {
     "upgrade": upgrade.register,
     "continual": continual.register,
     "language": language.register,
+    "distributed": distributed.register,
 }
