@@ -3,9 +3,11 @@ by Playwright against a real gateway (uvicorn on a free port, tiny random-init m
 
 It checks what a person would: a text search and an image upload show result
 thumbnails that actually loaded, the models page shows the lineage, the active version
-and a gate report's heatmap, promote / roll back work from the page, and the jobs form
+and a gate report's heatmap, promote / roll back work from the page, the jobs form
 sends the jobs API's contract and shows live progress (the jobs API is mocked in the
-browser here, so this test does not depend on a worker).
+browser here, so this test does not depend on a worker), and a gallery's migration
+shows its state and progress with the operator calls that apply (the test plays the
+worker's part through the job store; the gateway and its API are real).
 
 Set NOBACKFILL_WEB_SCREENSHOTS=dir to keep a full-page screenshot of each test.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -65,6 +68,7 @@ GATE = {"passed": True, "criterion": {"metric": "R@1", "margin": 0.0, "retention
 class Live:
     url: str
     first_png: Path  # the rendered image of ITEMS[0], as ingested
+    settings: Any  # the gateway's Settings (its registry, job store and worker records)
 
 
 def child_version(root: Path, version_id: str, parent: str, seed: int,
@@ -115,7 +119,7 @@ def live(tmp_path_factory: pytest.TempPathFactory, micro_versions: dict[str, Pat
         first_png = root / "query.png"
         first_png.write_bytes(png(render(ITEMS[0], 64)))
         _fill_gallery(url)
-        yield Live(url, first_png)
+        yield Live(url, first_png, settings)
     finally:
         server.should_exit = True
         thread.join(timeout=15)
@@ -381,3 +385,152 @@ def test_jobs_form_sends_the_contract_and_shows_progress(page: Any, live: Live) 
     assert jobs.posted[1] == {"kind": "xbt", "gallery": "shapes", "auto_promote": True,
                               "params": {"new": {"version": "v3"}, "corpus": "synth:20000"}}
     assert jobs.polls >= 2
+
+
+# ---------------------------------------------------------------- migrations
+MOVING = "moving"  # the migration test's own gallery: 'shapes' stays as the others left it
+
+
+@pytest.fixture(scope="module")
+def moving(live: Live, micro_versions: dict[str, Path],
+           tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Gallery 'moving' (space v1, 6 API-ingested items) served by 'up': v1's weights
+    relabelled as native to space v3, with a Procrustes route into v1 (registered with
+    v3 as its parent, so the lineage the models test checks keeps its roots)."""
+    import shutil
+
+    from service.state.registry import Registry
+    from training.adapters import AdapterFitConfig
+    from training.adapters.fit import fit_adapter, sample_from_dataset
+    from training.artifacts import load_artifact
+    from training.data import open_dataset, write_dataset
+
+    root = tmp_path_factory.mktemp("up")
+    write_dataset(root / "world", 16, seed=5, languages=("en",), image_size=32)
+    relabelled = root / "v1-as-v3"
+    shutil.copytree(micro_versions["v1"], relabelled)
+    manifest = json.loads((relabelled / "manifest.json").read_text())
+    (relabelled / "manifest.json").write_text(json.dumps({**manifest, "space": "v3",
+                                                          "version_id": "v1-as-v3"}))
+    sample = sample_from_dataset(load_artifact(micro_versions["v1"]),
+                                 open_dataset(root / "world"), k=16)
+    up = fit_adapter(load_artifact(relabelled), sample, AdapterFitConfig(), "v1", root / "up",
+                     old=load_artifact(micro_versions["v3"]), version_id="up")
+    Registry(live.settings.registry_dir).register(up.path, by="fixture",
+                                                  gate={"passed": True, "note": "fixture"})
+    items = [{"id": f"m{n}", "text": it.captions["en"][0], "image_base64": b64(png(render(it, 64)))}
+             for n, it in enumerate(ITEMS[:6])]
+    with httpx.Client(base_url=live.url, headers=ADMIN, timeout=30) as http:
+        r = http.post("/v1/galleries", json={"name": MOVING, "space": "v1", "version": "v1"})
+        assert r.status_code == 201, r.text
+        r = http.post(f"/v1/galleries/{MOVING}/items", json={"items": items})
+        assert r.status_code == 200, r.text
+        r = http.post("/v1/models/up/promote", json={"gallery": MOVING})
+        assert r.status_code == 200, r.text
+    return MOVING
+
+
+def migration_view(live: Live) -> dict[str, Any]:
+    with httpx.Client(base_url=live.url, headers=ADMIN, timeout=30) as http:
+        r = http.get(f"/v1/galleries/{MOVING}/migration")
+        assert r.status_code == 200, r.text
+        return r.json()
+
+
+def test_a_migration_shows_its_state_progress_and_operator_calls(page: Any, live: Live,
+                                                                 moving: str) -> None:
+    from dataclasses import replace
+
+    from service.state.jobs.store import JobStore
+    from service.state.jobs.workers import remove_beat, write_beat
+    from service.state.registry import Registry
+    from service.state.registry.index import utc_now
+
+    page.goto(f"{live.url}/#models")
+    use_key(page)
+    row = page.locator(f"#galleries tr[data-gallery={moving}]")
+    expect(row.locator(".space")).to_have_text("v1")
+    expect(row.locator(".migration-cell")).to_contain_text("up is native to v3")
+    assert page.locator("#galleries tr[data-gallery=shapes] button[data-action=migrate]").count() == 0
+    # No worker has been seen: the server refuses, and its message is what the person sees.
+    row.locator("button[data-action=migrate]").click()
+    expect(page.locator("#models-status.error")).to_contain_text("no worker has been seen")
+    expect(page.locator("#migrations .migration")).to_have_count(0)
+
+    worker = "browser-test-worker"
+    write_beat(live.settings, worker, utc_now())  # a worker's liveness record, nothing runs
+    try:
+        row.locator("button[data-action=migrate]").click()
+        expect(page.locator("#models-status.ok")).to_contain_text("Started migration job")
+        panel = page.locator(f"#migrations .migration[data-migration={moving}]")
+        expect(panel.locator("h3 .badge")).to_have_text("backfilling")
+        expect(panel.locator("[data-field=done]")).to_have_text("0/6")
+        expect(panel.locator("[data-field=stage]")).to_have_text("backfill")
+        expect(row.locator(".migration-cell")).to_contain_text("v1 → v3 (up)")
+        expect(row.locator(".space")).to_have_text("v1")  # still answers through the route
+        assert panel.locator("button[data-action=cancel]").count() == 1
+        assert panel.locator("button[data-action=switch]").count() == 0
+
+        # A worker's part, through the job store: shard 0 runs and has done 2 of its items.
+        # The page polls while the migration backfills: the numbers change without a click.
+        job_id = migration_view(live)["job"]
+        jobs = JobStore(live.settings.registry_dir)
+        assert jobs.start_shard(job_id, 0, f"{worker}@browser:1") is not None
+        jobs.beat_shard(job_id, 0, done=2)
+        expect(panel.locator("[data-field=done]")).to_have_text("2/6")
+        expect(panel.locator("progress")).to_have_attribute("value", "2")
+        view = migration_view(live)["progress"]
+        assert view["done"] == 2 and view["items_per_s"] > 0 and view["eta_s"] > 0
+        # items/s falls as time passes with no more done: shown as a number, then an ETA.
+        rate = panel.locator("[data-field='items/s']")
+        expect(rate).to_have_text(re.compile(r"^\d+(\.\d+)?$"))
+        assert float(rate.text_content()) > 0
+        expect(panel.locator("[data-field=ETA]")).to_have_text(re.compile(r"^\d+(\.\d)? (s|min|h)$"))
+        expect(panel.locator("[data-field=applied]")).to_have_text("0")
+        expect(panel.locator("[data-field=unreadable]")).to_have_text("0")
+    finally:
+        remove_beat(live.settings, worker)
+
+    # The backfill ends and its gate fails (one update, as the applier would leave it):
+    # the switch is offered, and the server's refusals are shown.
+    gate = {"passed": False, "metric": "R@1", "checks": [
+        {"direction": "t2i", "migrated": 0.41, "routed": 0.52, "passed": False},
+        {"direction": "i2t", "migrated": 0.6, "routed": 0.55, "passed": True}]}
+    jobs.update(job_id, lambda j: replace(
+        j, status="succeeded", ended_at=utc_now(), gate=gate,
+        shards=[{**s, "state": "done", "done": s["total"]} for s in j.shards]))
+    expect(panel.locator("button[data-action=switch]")).to_be_visible()
+    expect(panel.locator(".migration-gate")).to_contain_text("t2i: migrated 0.410 vs routed 0.520")
+    expect(panel.locator("[data-field=done]")).to_have_text("6/6")
+    assert panel.locator("button[data-action=cancel]").count() == 0
+    assert panel.locator("button[data-action=rollback]").count() == 0
+    panel.locator("button[data-action=switch]").click()
+    expect(page.locator("#models-status.error")).to_contain_text("the migration gate did not pass")
+    panel.locator("input[name=reason]").fill("browser drill")
+    panel.locator("input[name=force]").check()
+    panel.locator("button[data-action=switch]").click()  # forced, but no item has a new vector
+    expect(page.locator("#models-status.error")).to_contain_text(
+        "6 item(s) of gallery 'moving' have no vector in the new space")
+    assert panel.locator("input[name=reason]").input_value() == "browser drill"  # kept
+    assert migration_view(live)["state"] == "backfilling"
+
+    # Switched (the registry's move, as a switch with every vector makes it): the page
+    # picks it up by itself and offers rollback and retire; both are real calls.
+    Registry(live.settings.registry_dir).switch_migration(moving, by="browser-test")
+    expect(panel.locator("h3 .badge")).to_have_text("switched")
+    expect(row.locator(".space")).to_have_text("v3")
+    assert panel.locator("button[data-action=switch]").count() == 0
+    panel.locator("input[name=reason]").fill("back to the route")
+    panel.locator("button[data-action=rollback]").click()
+    expect(page.locator("#models-status.ok")).to_contain_text("answers in space v1 again")
+    expect(panel.locator("h3 .badge")).to_have_text("rolled_back")
+    expect(row.locator(".space")).to_have_text("v1")
+    assert panel.locator("button[data-action=rollback]").count() == 0
+    assert migration_view(live)["state"] == "rolled_back"
+    panel.locator("button[data-action=retire]").click()
+    expect(page.locator("#models-status.ok")).to_contain_text("the v3 side of moving was deleted")
+    expect(page.locator("#migrations .migration")).to_have_count(0)
+    expect(row.locator("button[data-action=migrate]")).to_be_visible()  # it can start again
+    history = [e["action"] for e in httpx.get(f"{live.url}/v1/galleries/{moving}",
+                                              headers=ADMIN).json()["history"]]
+    assert history[-2:] == ["migrate", "migration-rollback"]

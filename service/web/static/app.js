@@ -1,10 +1,11 @@
-// The gateway's page: search, models (lineage, gate reports, promote / roll back) and jobs.
+// The gateway's page: search, models (lineage, gate reports, promote / roll back, gallery
+// migrations) and jobs.
 // Plain ES2020 module, no build step: it talks to the same JSON API as any client, with
 // the API key the person typed (kept in sessionStorage, so it goes away with the tab).
 
 import {
   ago, el, fmt, forcedList, galleriesTable, gateBadge, gateOf, gateReport, isActive,
-  lineageTree, progressOf, statusBadge, versionFacts, versionGateBadge,
+  lineageTree, migrationPanel, progressOf, statusBadge, versionFacts, versionGateBadge,
 } from "./views.js";
 
 const KEY_STORE = "nobackfill.apiKey";
@@ -19,6 +20,9 @@ const state = {
   jobs: [],
   selected: null,   // version shown in the models detail panel
   openJob: null,    // job shown in the jobs detail panel
+  migrations: {},   // gallery -> GET .../migration, for galleries with an open migration
+  migrationForms: {},  // gallery -> {reason, force, drop} typed in its panel
+  shown: {galleries: "", migrations: ""},  // what was last drawn (redraw only on change)
   pollTimer: null,
   pollRun: 0,       // bumped on every stop, so a poll still in flight does not re-arm
   blobs: [],        // object URLs of thumbnails fetched with a key, revoked on re-render
@@ -292,16 +296,59 @@ async function loadModels(quiet = false) {
     const [versions, galleries] = await Promise.all([api("/v1/models"), api("/v1/galleries")]);
     state.versions = versions;
     state.galleries = galleries;
+    state.migrations = await loadMigrations(galleries);
     if (!state.selected || !versions.some((v) => v.version_id === state.selected)) {
       state.selected = galleries[0]?.active ?? versions[0]?.version_id ?? null;
     }
     if (!quiet) setStatus("models-status", "");
     renderModels();
   });
+  pollMigrations();
+}
+
+/** GET .../migration of every gallery that has one open (404: it ended meanwhile). */
+async function loadMigrations(galleries) {
+  const open = galleries.filter((g) => g.migration);
+  const views = await Promise.all(open.map((g) =>
+    api(`/v1/galleries/${enc(g.name)}/migration`).catch((error) => {
+      if (error.status === 404) return null;
+      throw error;
+    })));
+  const out = {};
+  open.forEach((g, n) => {
+    if (views[n]) out[g.name] = views[n];
+  });
+  return out;
+}
+
+/** While a migration backfills, redraw the galleries and migrations every POLL_MS (the
+ * rest of the models tab, where a person may be typing, stays as it is). */
+function pollMigrations() {
+  clearTimeout(state.pollTimer);
+  const backfilling = Object.values(state.migrations).some((m) => m.state === "backfilling");
+  if (state.tab !== "models" || !backfilling) return;
+  const run = state.pollRun;
+  state.pollTimer = setTimeout(async () => {
+    if (run !== state.pollRun) return;
+    if (!document.hidden) {
+      try {
+        const galleries = await api("/v1/galleries");
+        const migrations = await loadMigrations(galleries);
+        if (run !== state.pollRun) return;
+        state.galleries = galleries;
+        state.migrations = migrations;
+        renderGalleries();
+      } catch (error) {
+        setStatus("models-status", error.message || String(error), "error");
+      }
+    }
+    if (run === state.pollRun) pollMigrations();
+  }, POLL_MS);
 }
 
 function renderModels() {
-  $("galleries").replaceChildren(galleriesTable(state.galleries));
+  state.shown = {galleries: "", migrations: ""};
+  renderGalleries();
   $("lineage").replaceChildren(lineageTree(state.versions, state.galleries, state.selected,
     (id) => {
       state.selected = id;
@@ -312,6 +359,66 @@ function renderModels() {
   const version = state.versions.find((v) => v.version_id === state.selected);
   $("version-detail").replaceChildren(version ? versionDetail(version)
     : el("p", {class: "muted"}, "Pick a version."));
+}
+
+/** The galleries table and a panel per open migration; each redrawn only when its data
+ * changed, so a reason typed into a migration panel is not lost to a poll. */
+function renderGalleries() {
+  const spaces = state.versions.map((v) => [v.version_id, v.space]);
+  const tableKey = JSON.stringify([state.galleries, spaces]);
+  if (tableKey !== state.shown.galleries) {
+    state.shown.galleries = tableKey;
+    $("galleries").replaceChildren(galleriesTable(state.galleries,
+      {versions: state.versions, onMigrate: startMigration}));
+  }
+  const migrationsKey = JSON.stringify(state.migrations);
+  if (migrationsKey !== state.shown.migrations) {
+    state.shown.migrations = migrationsKey;
+    $("migrations").replaceChildren(...Object.values(state.migrations).map((view) => {
+      if (!state.migrationForms[view.gallery]) state.migrationForms[view.gallery] = {};
+      const form = state.migrationForms[view.gallery];
+      return migrationPanel(view, migrationCalls(view), form);
+    }));
+  }
+}
+
+function migrationPath(gallery, action = "") {
+  return `/v1/galleries/${enc(gallery)}/migration${action ? `/${action}` : ""}`;
+}
+
+/** Start a migration of the gallery into its active version's native space. */
+async function startMigration(gallery) {
+  setStatus("models-status", `Starting the migration of ${gallery}…`);
+  await guarded("models-status", async () => {
+    const job = await api(migrationPath(gallery), {method: "POST", json: {}});
+    setStatus("models-status", `Started migration job ${job.id} of ${gallery}.`, "ok");
+  });
+  await loadModels(true);
+}
+
+/** The operator calls of one migration panel; each shows the server's answer. */
+function migrationCalls(view) {
+  const gallery = view.gallery;
+  const call = async (action, request, done) => {
+    await guarded("models-status", async () => {
+      const answer = await api(request.path, request);
+      delete state.migrationForms[gallery];
+      setStatus("models-status", done(answer), "ok");
+    });
+    await loadModels(true);
+  };
+  return {
+    switch: (body) => call("switch", {path: migrationPath(gallery, "switch"), method: "POST",
+      json: body}, (m) => `${gallery} now answers in space ${m.serving_space} (switched).`),
+    rollback: (reason) => call("rollback", {path: migrationPath(gallery, "rollback"),
+      method: "POST", json: {reason}},
+    (m) => `${gallery} answers in space ${m.serving_space} again (rolled back).`),
+    retire: () => call("retire", {path: migrationPath(gallery, "retire"), method: "POST"},
+      (r) => `Retired: the ${r.dropped.space} side of ${gallery} was deleted; it stays in ` +
+        `space ${r.space}.`),
+    cancel: () => call("cancel", {path: `/v1/jobs/${enc(view.job)}`, method: "DELETE"},
+      () => `Asked migration job ${view.job} to stop; its new side is dropped.`),
+  };
 }
 
 function versionDetail(version) {

@@ -84,18 +84,54 @@ export function forcedList(version) {
 
 // ------------------------------------------------------------------ galleries
 
-export function galleriesTable(galleries) {
+/** The native space of a version (from GET /v1/models), or null when it is not listed. */
+export function nativeSpace(versions, versionId) {
+  const found = (versions || []).find((v) => v.version_id === versionId);
+  return found ? found.space : null;
+}
+
+/** A gallery can start a migration when none is open and its active version is native
+ * to another space (it serves through a route). */
+export function canMigrate(gallery, versions) {
+  const native = nativeSpace(versions, gallery.active);
+  return !gallery.migration && native !== null && native !== gallery.space;
+}
+
+/** Galleries: space, active version, what this replica serves, an open migration (state
+ * and its spaces) and, where it applies, a "Start migration" button (``onMigrate``). */
+export function galleriesTable(galleries, {versions = [], onMigrate = null} = {}) {
   if (!galleries.length) return el("p", {class: "muted"}, "No galleries yet.");
   const rows = galleries.map((g) => el("tr", {"data-gallery": g.name},
     el("td", {}, el("strong", {}, g.name)),
-    el("td", {}, g.space),
+    el("td", {class: "space"}, g.space),
     el("td", {class: "active-version"}, badge(g.active, "active")),
     el("td", {}, servingText(g.serving)),
+    el("td", {class: "migration-cell"}, migrationCell(g, versions, onMigrate)),
     el("td", {class: "small"}, lastEvent(g.history))));
   return el("table", {class: "data"},
     el("thead", {}, el("tr", {}, ["gallery", "space", "active", "this replica serves",
-      "last change"].map((h) => el("th", {}, h)))),
+      "migration", "last change"].map((h) => el("th", {}, h)))),
     el("tbody", {}, rows));
+}
+
+function migrationCell(g, versions, onMigrate) {
+  const m = isObject(g.migration) ? g.migration : null;
+  if (m) {
+    return [migrationBadge(m.state), el("div", {class: "small muted"},
+      `${m.source_space ?? "?"} → ${m.target_space ?? "?"} (${m.version ?? "?"})`)];
+  }
+  if (!canMigrate(g, versions)) return el("span", {class: "muted small"}, "–");
+  const native = nativeSpace(versions, g.active);
+  return el("div", {class: "actions"},
+    el("div", {class: "small muted"}, `${g.active} is native to ${native}`),
+    onMigrate ? el("button", {type: "button", class: "primary", "data-action": "migrate",
+      onclick: () => onMigrate(g.name)}, `Migrate to ${native}`) : null);
+}
+
+export function migrationBadge(state) {
+  const kind = {backfilling: "run", switched: "ok", rolled_back: "none"}[state] || "";
+  return el("span", {class: `badge ${kind}`, "data-migration-state": state ?? ""},
+    state ?? "?");
 }
 
 function servingText(serving) {
@@ -338,4 +374,107 @@ export function statusBadge(status) {
   const kind = {succeeded: "ok", failed: "bad", cancelled: "none", running: "run",
     queued: "none"}[status] || "";
   return badge(status ?? "?", kind);
+}
+
+// ------------------------------------------------------------------ migrations
+
+/** Seconds as "42 s", "3.5 min" or "1.2 h". */
+export function duration(seconds) {
+  if (!isNumber(seconds)) return "–";
+  if (seconds < 90) return `${Math.round(seconds)} s`;
+  if (seconds < 5400) return `${(seconds / 60).toFixed(1)} min`;
+  return `${(seconds / 3600).toFixed(1)} h`;
+}
+
+/** Which operator calls apply to a migration (GET .../migration) in its state. */
+export function migrationActions(view) {
+  const result = isObject(view?.result) ? view.result : {};
+  const running = ACTIVE.has(view?.job_status) || view?.job_status === "applying";
+  return {
+    cancel: view?.state === "backfilling" && running,
+    switch: view?.state === "backfilling" && view?.job_status === "succeeded" &&
+      result.switched !== true,
+    rollback: view?.state === "switched",
+    retire: view?.state === "switched" || view?.state === "rolled_back",
+  };
+}
+
+/** One migration: state, sides, progress (done/total, items/s, ETA, stage, applied,
+ * unreadable), the gate, the switch's outcome, and the buttons that apply now.
+ * ``on`` holds the calls: {switch(body), rollback(reason), retire(), cancel()}. ``form``
+ * keeps what the person typed across re-renders (the panel redraws while it runs). */
+export function migrationPanel(view, on, form = {}) {
+  const p = isObject(view.progress) ? view.progress : {};
+  const result = isObject(view.result) ? view.result : {};
+  const unreadable = Array.isArray(result.unreadable) ? result.unreadable : [];
+  const unreadableCount = isNumber(result.unreadable_count) ? result.unreadable_count
+    : (isNumber(p.unreadable) ? p.unreadable : unreadable.length);
+  const total = isNumber(p.total) ? p.total : 0;
+  const done = isNumber(p.done) ? p.done : 0;
+  const bar = total > 0 ? el("progress", {max: total, value: Math.min(done, total)})
+    : (view.state === "backfilling" ? el("progress", {}) : null);
+  const running = ACTIVE.has(view.job_status) || view.job_status === "applying";
+  const facts = [
+    ["stage", p.stage], ["done", `${done}/${total}`],
+    ["items/s", isNumber(p.items_per_s) ? p.items_per_s : null],
+    ["ETA", running && isNumber(p.eta_s) ? duration(p.eta_s) : null],
+    ["applied", isNumber(p.applied) ? p.applied : null],
+    ["unreadable", unreadableCount],
+  ];
+  const actions = migrationActions(view);
+  return el("div", {class: "migration panel-inner", "data-migration": view.gallery},
+    el("h3", {}, `Migration of ${view.gallery} `, migrationBadge(view.state)),
+    el("p", {class: "small"},
+      `${view.source?.space ?? "?"} → ${view.target?.space ?? "?"} with ${view.version}`,
+      el("span", {class: "muted"}, ` · serving space ${view.serving_space} · job ${view.job} `),
+      statusBadge(view.job_status ?? "gone"),
+      el("span", {class: "muted"}, ` · started by ${view.started_by} ${ago(view.started_at)}`)),
+    el("div", {class: "progress"}, bar),
+    el("dl", {class: "facts migration-progress"}, facts.map(([k, v]) => [el("dt", {}, k),
+      el("dd", {"data-field": k}, v === null || v === undefined ? "–" : String(v))])),
+    migrationGate(view.gate),
+    result.switch_refused ? el("p", {class: "bad-text small", "data-field": "switch-refused"},
+      `not switched: ${result.switch_refused}`) : null,
+    unreadable.length ? el("details", {class: "small"},
+      el("summary", {}, `${unreadableCount} unreadable item(s)`),
+      el("ul", {}, unreadable.slice(0, 20).map((u) => el("li", {},
+        el("code", {}, String(u.id)), ` ${u.reason ?? ""}`)))) : null,
+    migrationControls(view, actions, on, form, unreadable));
+}
+
+function migrationGate(gate) {
+  if (!isObject(gate)) return el("p", {class: "small muted"}, "gate: not run yet");
+  const checks = Array.isArray(gate.checks) ? gate.checks : [];
+  return el("div", {class: "migration-gate small"}, "gate ", gateBadge(gate),
+    checks.map((c) => el("span", {class: "check"}, ` ${c.direction}: migrated ${fmt(c.migrated)}` +
+      ` vs routed ${fmt(c.routed)}${c.passed === false ? " ✗" : ""};`)),
+    !checks.length && gate.reason ? ` ${gate.reason}` : null);
+}
+
+function migrationControls(view, actions, on, form, unreadable) {
+  if (!Object.values(actions).some(Boolean)) return null;
+  const reason = el("input", {name: "reason", placeholder: "reason (recorded)",
+    value: form.reason ?? "", oninput: () => { form.reason = reason.value; }});
+  const force = el("input", {type: "checkbox", name: "force",
+    onchange: () => { form.force = force.checked; }});
+  force.checked = Boolean(form.force);
+  const drop = el("input", {type: "checkbox", name: "drop",
+    onchange: () => { form.drop = drop.checked; }});
+  drop.checked = Boolean(form.drop);
+  const button = (action, label, handler, primary = false) => el("button", {type: "button",
+    class: primary ? "primary" : "", "data-action": action, onclick: handler}, label);
+  const text = () => reason.value.trim() || null;
+  return el("div", {class: "swap migration-actions"},
+    actions.switch || actions.rollback ? reason : null,
+    actions.switch ? el("label", {class: "check"}, force, " force (skip the gate)") : null,
+    actions.switch && unreadable.length ? el("label", {class: "check"}, drop,
+      ` drop the ${unreadable.length} unreadable item(s)`) : null,
+    actions.switch ? button("switch", `Switch to ${view.target?.space ?? "the new side"}`,
+      () => on.switch({drop: drop.checked ? unreadable.map((u) => u.id) : [],
+        force: force.checked, reason: text()}), true) : null,
+    actions.rollback ? button("rollback", `Roll back to ${view.source?.space ?? "the old side"}`,
+      () => on.rollback(text())) : null,
+    actions.retire ? button("retire", `Retire the ${view.state === "switched"
+      ? view.source?.space : view.target?.space} side`, () => on.retire()) : null,
+    actions.cancel ? button("cancel", "Cancel migration", () => on.cancel()) : null);
 }
