@@ -54,6 +54,16 @@ class Client:
                                 f"'{info['active']}', after {timeout_s:.0f} s")
             time.sleep(0.5)
 
+    def wait_space(self, space: str, timeout_s: float = 120) -> None:
+        """Wait until searches of the gallery answer in ``space`` (a replica serves a
+        switched gallery once it refreshed)."""
+        deadline = time.monotonic() + timeout_s
+        while (answered := self.search("a", 1)["space"]) != space:
+            if time.monotonic() > deadline:
+                raise DemoError(f"gallery '{self.gallery}' still answers in space "
+                                f"'{answered}', not '{space}', after {timeout_s:.0f} s")
+            time.sleep(0.5)
+
     def ingest(self, dataset: PairDataset, batch: int = 64) -> dict[str, int]:
         """Upload every image (base64 JSON) with its first English caption and domain;
         items stored per version that embedded them."""
@@ -106,6 +116,64 @@ class Client:
         if job["status"] != "succeeded":
             raise DemoError(f"{label}: job {job['id']} {job['status']}: {job.get('error')}")
         return dict(job)
+
+
+    # ------------------------------------------------------------ migration
+    def migration_path(self, action: str = "") -> str:
+        return f"/v1/galleries/{self.gallery}/migration" + (f"/{action}" if action else "")
+
+    def migration(self) -> dict[str, Any] | None:
+        """GET .../migration; None when the gallery has none open (404)."""
+        response = self.http.get(self.migration_path())
+        if response.status_code == 404:
+            return None
+        if response.status_code >= 400:
+            raise DemoError(f"GET {self.migration_path()} answered {response.status_code}: "
+                            f"{response.text[:500]}")
+        return dict(response.json())
+
+    def wait_migration(self, job_id: str, label: str, timeout_s: float = 3600,
+                       on_view: Any = None) -> dict[str, Any]:
+        """Poll the migration of job ``job_id`` until it switched, or its job succeeded
+        and the switch was refused (the operator decides then); the last view. Progress
+        goes to ``on_view`` (every view) and, on a terminal, to one line of stderr.
+        DemoError when the job failed or was cancelled (the migration is undone then)."""
+        deadline = time.monotonic() + timeout_s
+        shown = ""
+        try:
+            while True:
+                view = self.migration()
+                if view is not None and view["job"] == job_id:
+                    if on_view is not None:
+                        on_view(view)
+                    line = _migration_line(label, view)
+                    if line != shown and sys.stderr.isatty():
+                        print(f"\r{line:100}", end="", file=sys.stderr, flush=True)
+                    shown = line
+                    if view["state"] != "backfilling":
+                        return view
+                    if view["job_status"] == "succeeded" and "switched" in view["result"]:
+                        return view  # complete, not switched: the operator's call
+                job = self.call("GET", f"/v1/jobs/{job_id}")
+                if job["status"] in ("failed", "cancelled"):
+                    raise DemoError(f"{label}: job {job_id} {job['status']}: {job.get('error')}")
+                if time.monotonic() > deadline:
+                    self.call("DELETE", f"/v1/jobs/{job_id}")
+                    raise DemoError(f"{label}: job {job_id} did not finish in "
+                                    f"{timeout_s:.0f} s; it was cancelled")
+                time.sleep(0.5)
+        finally:
+            if shown and sys.stderr.isatty():
+                print(file=sys.stderr)
+
+
+def _migration_line(label: str, view: dict[str, Any]) -> str:
+    p = view.get("progress") or {}
+    rate, eta = p.get("items_per_s"), p.get("eta_s")
+    return (f"{label}: {view['state']}, {p.get('stage', '?')} {p.get('done', 0)}/"
+            f"{p.get('total', '?')} items"
+            + (f", {rate:.1f} items/s" if isinstance(rate, (int, float)) else "")
+            + (f", ETA {eta:.0f} s" if isinstance(eta, (int, float)) else ""))
 
 
 def _progress_line(label: str, job: dict[str, Any]) -> str:

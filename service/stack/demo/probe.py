@@ -37,6 +37,7 @@ class Measurement:
     recall: dict[str, dict[str, float | int]]  # group -> R@1, R@5, queries
     embedded_by: dict[str, int] = field(default_factory=dict)  # top-1 hits per version
     items: int = 0  # points in the gallery
+    space: str = "?"  # the space the gallery answered in
 
     def r1(self, group: str) -> float | None:
         cell = self.recall.get(group)
@@ -92,4 +93,5 @@ def measure(client: Client, items: dict[str, dict[str, str]], qs: list[Query]) -
                          "queries": len(rows)}
     info = client.info()
     return Measurement(answer.get("version", "?"), answer.get("route", "?"), recall,
-                       dict(embedded_by), int(info.get("items") or 0))
+                       dict(embedded_by), int(info.get("items") or 0),
+                       answer.get("space", "?"))

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from service.stack.demo.probe import TOP_K, Measurement
-from service.stack.demo.story import Step, Story
+from service.stack.demo.story import MigrationStep, Step, Story
 from service.stack.demo.world import ALL_DOMAINS, NEW_LANGUAGE
 
 GROUPS = (*ALL_DOMAINS, NEW_LANGUAGE)
@@ -82,6 +82,9 @@ def fingerprint_table(story: Story) -> Table:
                      b["sha256"][:16] if b else "-", "yes" if a == b else "NO"])
     for version, f in every.items():
         rows.append([f"at the end, embedded by {version}", "", str(f["items"]), "", "", ""])
+    for version, f in fp.get("migrated side", {}).items():
+        rows.append([f"the migrated side, embedded by {version}", "", str(f["items"]), "",
+                     f["sha256"][:16], ""])
     return ["stored vectors", "items at day 0", "items at the end", "sha256 at day 0",
             "sha256 at the end", "unchanged"], rows
 
@@ -94,6 +97,61 @@ def matrix_table(matrix: dict[str, Any]) -> Table:
         return "no route" if c is None else f"{c['t2i']['R@1']:.3f} / {c['i2t']['R@1']:.3f}"
     return (["query \\ gallery (t2i / i2t R@1)", *models],
             [[q, *(cell(q, g) for g in models)] for q in models])
+
+
+def migration_table(step: MigrationStep) -> Table:
+    """The same queries before (routed into the old space), after (native, against the
+    re-embedded side) and after the migration rollback (routed again)."""
+    rows = [(label, m) for label, m in (("before: routed", step.before),
+                                        ("after: migrated", step.after),
+                                        ("after rollback: routed", step.rolled_back))
+            if m is not None]
+    header, table = recall_table([(label, m) for label, m in rows])
+    return ([header[0], "version", "route", "space", *header[2:]],
+            [[r[0], m.version, r[1], m.space, *r[2:]] for r, (_, m) in zip(table, rows)])
+
+
+def migration_gate_table(gate: dict[str, Any]) -> Table:
+    """The migration gate: new->new (migrated) against the route new->old, R@1."""
+    return (["migration gate", "migrated (new->new) R@1", "routed (new->old) R@1", "passed"],
+            [[c["direction"], _num(c["migrated"]), _num(c["routed"]),
+              "yes" if c["passed"] else "NO"] for c in gate.get("checks") or []])
+
+
+def progress_table(samples: list[dict[str, Any]], most: int = 8) -> Table:
+    """The migration's progress as polled (at most ``most`` rows, the last one kept)."""
+    if len(samples) > most:
+        step = (len(samples) - 1) / (most - 1)
+        samples = [samples[round(k * step)] for k in range(most)]
+
+    def opt(value: Any, unit: str = "") -> str:
+        return "-" if value is None else f"{value}{unit}"
+    return (["t", "state", "stage", "done/total", "items/s", "ETA", "applied", "unreadable"],
+            [[f"{s['t_s']:.1f} s", s["state"], opt(s["stage"]), f"{s['done']}/{s['total']}",
+              opt(s["items_per_s"]), opt(s["eta_s"], " s"), opt(s["applied"]),
+              opt(s["unreadable"])] for s in samples])
+
+
+def migration_parts(step: MigrationStep) -> list[tuple[str, Table | None]]:
+    """(caption, table) pairs of the migration step; a None table is a line of text."""
+    if step.skipped:
+        return [(f"skipped: {step.skipped}", None)]
+    parts: list[tuple[str, Table | None]] = []
+    if step.progress:
+        parts.append(((f"progress of job {step.job} (GET /v1/galleries/{{gallery}}/migration, "
+                      "polled)"), progress_table(step.progress)))
+    gate = step.gate or {}
+    verdict = "PASSED" if gate.get("passed") else "FAILED"
+    action = "switched" if step.switched else "NOT switched"
+    if gate.get("checks"):
+        parts.append((f"migration gate {verdict} -> {action}", migration_gate_table(gate)))
+    else:
+        parts.append(((f"migration gate {verdict} -> {action}: "
+                      f"{gate.get('reason') or 'no gate report'}"), None))
+    parts.append((f"text queries before and after the migration (R@1, R@{TOP_K} in brackets)",
+                  migration_table(step)))
+    parts += [(note, None) for note in step.notes]
+    return parts
 
 
 def step_tables(step: Step) -> list[tuple[str, Table | None]]:
@@ -126,12 +184,24 @@ def step_text(step: Step, index: int, total: int) -> str:
     return "\n".join(lines)
 
 
+def total_steps(story: Story) -> int:
+    """The steps as printed: each Step, every version, the migration."""
+    return len(story.steps) + 2
+
+
 def end_text(story: Story) -> str:
-    lines = [(f"== step {len(story.steps) + 1}/{len(story.steps) + 1}: every version answers "
-             "the same gallery (rolled back to each in turn) =="),
-             text(recall_table(list(story.by_version.items()))),
-             "stored vectors, day 0 against the end (no backfill ran):",
-             text(fingerprint_table(story))]
+    n = len(story.steps)
+    lines = [(f"== step {n + 1}/{n + 2}: every version answers the same gallery (rolled back "
+              "to each in turn) =="), text(recall_table(list(story.by_version.items())))]
+    if story.migration is not None:
+        m = story.migration
+        lines.append(f"== step {n + 2}/{n + 2}: {m.title} ({m.seconds:.0f} s) ==")
+        for caption, table in migration_parts(m):
+            lines.append(caption)
+            if table is not None:
+                lines.append(text(table))
+    lines += [("stored vectors of the serving side, day 0 against the end (never re-embedded; "
+               "a migration writes a separate side):"), text(fingerprint_table(story))]
     if story.matrix:
         lines += [("compatibility matrix on the validation set (query model through its route "
                   "into the gallery model's space):"), text(matrix_table(story.matrix))]
@@ -146,7 +216,8 @@ def write_report(story: Story) -> Path:
     md = ["# nobackfill demo", "",
           (f"Profile `{story.profile.name}`, finished in {story.seconds / 60:.1f} min. Every "
           "query below went through the gateway's search API against gallery `demo`, whose "
-          "old-domain vectors v1 embedded at day 0 and which was never re-embedded."), ""]
+          "old-domain vectors v1 embedded at day 0 and which was never re-embedded, until "
+          "the last step migrated it into a separate side."), ""]
     for n, step in enumerate(story.steps, 1):
         md += [f"## Step {n}: {step.title}", "", f"Wall time {step.seconds:.0f} s.", ""]
         for caption, table in step_tables(step):
@@ -158,8 +229,24 @@ def write_report(story: Story) -> Path:
     md += ["## Every version against the same gallery", "",
            ("Each version that served was made active again (rollback) and answered the same "
            f"queries: R@1 (R@{TOP_K})."), "", markdown(recall_table(list(story.by_version.items()))),
-           "", f"![recall per domain over the phases]({plots['recall'].name})", "",
-           "Stored vectors at day 0 and at the end:", "", markdown(fingerprint_table(story)), ""]
+           "", f"![recall per domain over the phases]({plots['recall'].name})", ""]
+    if story.migration is not None:
+        m = story.migration
+        md += [f"## Migration: {m.title}", "", f"Wall time {m.seconds:.0f} s.", "",
+               ("The gallery is re-embedded from its items' kept sources with the active "
+                "version natively, into a new side, while searches go on through the route; "
+                "the migration gate compares new->new with the route new->old on the "
+                "validation set, and the gallery switches when it passes. This runs last: "
+                "after the switch, versions without a route into the new space cannot serve "
+                "the gallery."), ""]
+        for caption, table in migration_parts(m):
+            md += [caption + ("" if table is None else ":"), ""]
+            if table is not None:
+                md += [markdown(table), ""]
+    md += ["## Stored vectors", "",
+           ("The serving side at day 0 and at the end (the migration wrote a separate side; "
+            "its rollback made the original side serve again):"), "",
+           markdown(fingerprint_table(story)), ""]
     if story.matrix:
         md += ["Compatibility matrix on the validation set:", "",
                markdown(matrix_table(story.matrix)), "", f"![compatibility]({plots['all'].name})",
@@ -175,7 +262,8 @@ def _as_json(story: Story) -> dict[str, Any]:
     return {"profile": story.profile.to_dict(), "seconds": story.seconds,
             "steps": [asdict(s) for s in story.steps],
             "by_version": {v: asdict(m) for v, m in story.by_version.items()},
-            "fingerprints": story.fingerprints, "matrix": story.matrix}
+            "fingerprints": story.fingerprints, "matrix": story.matrix,
+            "migration": asdict(story.migration) if story.migration else None}
 
 
 # ------------------------------------------------------------------------ plots

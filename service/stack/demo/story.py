@@ -9,6 +9,12 @@ filesystem broker, registry under ``OUT/data``), driven through the gateway's AP
    XBT upgrade job makes it answer in v1's space, the gate checks it, v2 is promoted.
 5. Every version that served answers the same queries against the same gallery (a
    rollback to each, then back); the stored vectors are compared with day 0's.
+6. A managed migration (DESIGN.md step 5): the gallery is re-embedded with v2 natively
+   into a new side, in the background, and switches to v2's space when the migration
+   gate passes; the same queries are measured before (v2's route into v1's space) and
+   after (v2 native), then a migration rollback returns to the routed answers. It runs
+   last: after the switch, versions without a route into v2's space cannot serve the
+   gallery, so step 5 (every version against the same gallery) comes first.
 
 Each step is one function that returns a ``Step``; nothing here knows about printing
 (``service.stack.demo.report`` does).
@@ -34,6 +40,7 @@ from service.state.jobs.workers import live_workers
 from training.data import PairDataset
 
 GALLERY = "demo"
+STEPS = 6  # as printed: 4 Steps, every version against the gallery, the migration
 LR = 5e-4  # base training (bench base's rate for these tiny models)
 # Mod-X at a fifth of METHODS.md's rate: at 5e-4 the phase cost the old domains 0.025
 # text->image R@1 against v1's gallery and the gate refused it; at 1e-4 it passes
@@ -60,6 +67,28 @@ class Step:
 
 
 @dataclass
+class MigrationStep:
+    """Step 6: the gallery's migration into its active version's native space."""
+
+    title: str
+    seconds: float = 0.0
+    skipped: str | None = None  # why no migration ran
+    job: str | None = None
+    version: str | None = None  # the version whose native space is the target
+    source: dict[str, str] | None = None  # {space, collection}
+    target: dict[str, str] | None = None
+    switched: bool = False
+    switch_refused: str | None = None  # the gate (or missing items) refused the auto switch
+    gate: dict[str, Any] | None = None
+    result: dict[str, Any] = field(default_factory=dict)  # the job's: applied, unreadable...
+    progress: list[dict[str, Any]] = field(default_factory=list)  # distinct polled states
+    before: Measurement | None = None  # routed: the route into the old space
+    after: Measurement | None = None  # migrated: native, against the re-embedded side
+    rolled_back: Measurement | None = None  # routed again, after the migration rollback
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
 class Story:
     profile: Profile
     out: Path
@@ -68,6 +97,7 @@ class Story:
     # "day 0" and "end": day 0's items only; "end, every item": what the gallery holds
     fingerprints: dict[str, dict[str, Any]] = field(default_factory=dict)
     matrix: dict[str, Any] | None = None  # every version against every version
+    migration: MigrationStep | None = None
     seconds: float = 0.0
 
 
@@ -135,13 +165,14 @@ class Demo:
                                 f"see {log}")
             time.sleep(0.5)
 
-    def fingerprint(self, ids: set[str] | None) -> dict[str, Any]:
-        """Per embedding version: items and a digest of their vectors (no gateway running)."""
+    def fingerprint(self, ids: set[str] | None, collection: str = GALLERY) -> dict[str, Any]:
+        """Per embedding version: items and a digest of their vectors (no gateway running);
+        of the gallery's serving side, or of another ``collection``."""
         from service.state.gallery import GalleryStore, open_qdrant
 
         store = GalleryStore(open_qdrant(self.settings), serialise=True)
         try:
-            return store.fingerprint(GALLERY, ids)
+            return store.fingerprint(collection, ids)
         finally:
             store.close()
 
@@ -261,6 +292,67 @@ class Demo:
         client.activate(final, "demo: back to the newest promoted version")
         return out
 
+    def migrate(self, client: Client) -> MigrationStep:
+        """Start a migration of the gallery through the API, follow its progress until it
+        switched (or the gate refused the switch: reported, never forced), and measure the
+        same queries routed before and native after; then roll the migration back and
+        measure the routed answers again. The migrated side is kept (until a retire)."""
+        start = time.perf_counter()
+        info = client.info()
+        active = client.call("GET", f"/v1/models/{info['active']}")
+        step = MigrationStep(f"managed migration of gallery '{GALLERY}' into the native "
+                             f"space of '{active['version_id']}'", version=active["version_id"])
+        if active["space"] == info["space"]:
+            step.skipped = (f"'{active['version_id']}' serves gallery '{GALLERY}' natively (space "
+                            f"'{info['space']}'): there is nothing to migrate to")
+            step.seconds = time.perf_counter() - start
+            return step
+        step.before = measure(client, self.items, self.queries)
+        job = client.call("POST", client.migration_path(),
+                          json={"shards": 2, "batch_size": self.profile.batch_size})
+        step.job = job["id"]
+
+        def sample(view: dict[str, Any]) -> None:
+            p = view.get("progress") or {}
+            row = {"state": view["state"], "stage": p.get("stage"), "done": p.get("done"),
+                   "total": p.get("total"), "items_per_s": p.get("items_per_s"),
+                   "eta_s": p.get("eta_s"), "applied": p.get("applied"),
+                   "unreadable": p.get("unreadable")}
+            last = step.progress[-1] if step.progress else {}
+            if {k: v for k, v in last.items() if k != "t_s"} != row:
+                step.progress.append({"t_s": round(time.perf_counter() - start, 1), **row})
+
+        view = client.wait_migration(job["id"], "migration", on_view=sample)
+        step.source, step.target = view["source"], view["target"]
+        step.gate, step.result = view["gate"], dict(view["result"])
+        step.switched = view["state"] == "switched"
+        step.switch_refused = step.result.get("switch_refused")
+        unreadable = step.result.get("unreadable") or []
+        step.notes.append(
+            f"{step.result.get('applied', 0)} vectors written into the new side "
+            f"'{view['target']['collection']}' (space '{view['target']['space']}') by job "
+            f"{job['id']} in {len(job['shards'])} shards; "
+            + (f"{step.result.get('unreadable_count', len(unreadable))} item(s) could not "
+               f"be read: "
+               + ", ".join(f"{u['id']} ({u['reason']})" for u in unreadable[:5])
+               if unreadable else "every item's source was read"))
+        if not step.switched:
+            step.notes.append(f"NOT switched: {step.switch_refused or view['state']}; the "
+                              f"gallery keeps answering through the route (the operator may "
+                              f"switch with force and a reason; the demo does not)")
+            step.seconds = time.perf_counter() - start
+            return step
+        client.wait_space(view["target"]["space"])  # the switching replica refreshed
+        step.after = measure(client, self.items, self.queries)
+        back = client.call("POST", client.migration_path("rollback"),
+                           json={"reason": "demo: back to the routed answers"})
+        step.rolled_back = measure(client, self.items, self.queries)
+        step.notes.append(f"rolled back: the gallery answers in space '{back['serving_space']}' "
+                          f"through the route again; the migrated side is kept until "
+                          f"POST {client.migration_path('retire')}")
+        step.seconds = time.perf_counter() - start
+        return step
+
     def compatibility(self, versions: list[str]) -> dict[str, Any]:
         from service.state.registry import Registry
         from training.compatibility import compatibility_of_artifacts
@@ -286,8 +378,12 @@ def run_story(out: Path, profile: Profile, device: str | None = None,
         for step in (demo.new_domain, demo.new_language, demo.upgrade):
             story.steps.append(demo.finish(step(client), client))
         story.by_version = demo.every_version(client)
+        story.migration = demo.migrate(client)
     story.fingerprints["end"] = demo.fingerprint(day0_items)
     story.fingerprints["end, every item"] = demo.fingerprint(None)
+    if story.migration.target is not None:  # kept after the rollback: every item, by v2
+        story.fingerprints["migrated side"] = demo.fingerprint(
+            None, story.migration.target["collection"])
     story.matrix = demo.compatibility([*story.by_version, "new-base"])
     story.seconds = time.perf_counter() - started
     return story
