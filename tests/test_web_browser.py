@@ -519,12 +519,15 @@ def test_a_migration_shows_its_state_progress_and_operator_calls(page: Any, live
     Registry(live.settings.registry_dir).switch_migration(moving, by="browser-test")
     expect(panel.locator("h3 .badge")).to_have_text("switched")
     expect(row.locator(".space")).to_have_text("v3")
+    expect(row).to_contain_text("migrate up into space v3 by browser-test")
     assert panel.locator("button[data-action=switch]").count() == 0
     panel.locator("input[name=reason]").fill("back to the route")
     panel.locator("button[data-action=rollback]").click()
     expect(page.locator("#models-status.ok")).to_contain_text("answers in space v1 again")
     expect(panel.locator("h3 .badge")).to_have_text("rolled_back")
     expect(row.locator(".space")).to_have_text("v1")
+    expect(row).to_contain_text("migration-rollback up into space v1 by ops")
+    expect(row).to_contain_text("— back to the route")
     assert panel.locator("button[data-action=rollback]").count() == 0
     assert migration_view(live)["state"] == "rolled_back"
     panel.locator("button[data-action=retire]").click()

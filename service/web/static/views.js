@@ -143,7 +143,9 @@ function servingText(serving) {
 function lastEvent(history) {
   if (!Array.isArray(history) || !history.length) return "";
   const e = history[history.length - 1];
-  const from = e.previous ? ` (from ${e.previous})` : "";
+  // Migration events keep the version and move the space: say where it went.
+  const from = e.space ? ` into space ${e.space}`
+    : (e.previous ? ` (from ${e.previous})` : "");
   const forced = e.forced ? ` FORCED (skipped: ${(e.overrides || []).join(", ")})` : "";
   return `${e.action} ${e.version}${from}${forced} by ${e.by}, ${ago(e.at)}` +
     (e.reason ? ` — ${e.reason}` : "");
