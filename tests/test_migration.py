@@ -174,6 +174,8 @@ def test_the_whole_story_through_the_api(micro_versions, world, up_version, tmp_
         assert searcher.problems == []
         assert "v1" in searcher.spaces and searcher.spaces[-1] == "v3"
         assert done["job_status"] == "succeeded" and done["result"]["switched"] is True
+        shards = job(client, started["id"])["shards"]
+        assert [s["task"] for s in shards] == ["backfill", "backfill", "gate"]  # no catch-up
         assert done["gate"]["passed"] is True
         assert {c["direction"] for c in done["gate"]["checks"]} == {"t2i", "i2t"}
         after = search(client, text="a red circle")

@@ -145,6 +145,8 @@ async def drive(gateway: Gateway, record: GalleryRecord) -> list[tuple[str, int]
     if job.status in ("failed", "cancelled") or job.cancel_requested:
         await abort(gateway, record.name, job.id)
         return []
+    if "planned_shards" not in job.result:
+        return []  # its submission is still listing the items and planning the shards
     if job.finished or any(s["state"] != "done" for s in job.shards):
         return []  # still running, or complete and waiting for the operator's switch
     if pending(gateway.jobs.work_dir(job.id)):

@@ -234,7 +234,7 @@ class JobStore:
         """Shards to send again; (job id, shard) of each. A running shard whose heartbeat
         is older than ``stale_after_s`` (or, with ``worker``, that ran on that worker node,
         which restarted) goes back to queued. A queued shard that has not started within
-        ``stale_after_s`` times 2 per earlier send is sent again: its message may have been
+        ``stale_after_s`` times 2 ** (sends so far) is sent again: its message may have been
         reserved by a worker that was killed (a duplicate delivery is skipped)."""
         now = datetime.now(timezone.utc)
         lost: list[tuple[str, int]] = []
@@ -250,7 +250,7 @@ class JobStore:
                                 else _older(shard["heartbeat_at"],
                                             now - timedelta(seconds=stale_after_s)))
                     elif shard["state"] == "queued" and worker is None:
-                        wait = stale_after_s * 2 ** max(int(shard.get("sends", 1)) - 1, 0)
+                        wait = stale_after_s * 2 ** int(shard.get("sends", 1))
                         dead = _older(shard.get("queued_at"), now - timedelta(seconds=wait))
                     else:
                         dead = False

@@ -1,0 +1,468 @@
+"""``nobackfill bench migrate``: a managed migration of a 20,000-item gallery on the
+embedded default (local Qdrant, filesystem broker), through the real gateway and worker
+processes, on ``bench base``'s OLD and NEW models.
+
+The gallery holds the test set (1,000 images) and 19,000 more synthetic images, all
+written to disk (their paths are the items' origins) and embedded by OLD. NEW reaches
+OLD's space through a Procrustes adapter route fitted on a 10,000-item sample (the cheap
+route of ``bench upgrade``), which is promoted. Then:
+
+1. NEW's own batched image throughput (preloaded images, batches of 64).
+2. Run A: a migration with no rate limit and no search load (one worker, one shard):
+   backfill items/s against (1) (target >= 0.8x). Then rollback and retire: the gallery
+   is back in OLD's space, served by the route.
+3. Text search p50 and QPS at ``--clients`` clients, idle, then during run B: a migration
+   with the rate limit on (target: p50 <= 2x idle). Run B's worker is killed twice (SIGKILL,
+   then restarted); afterwards every item must be in the new side exactly once.
+4. R@1 both directions on the test set, routed (before: the route's queries against the
+   OLD vectors the gallery stored) and migrated (after: NEW's queries against the vectors
+   the migration stored); the stored vectors are checked against NEW's own embeddings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from training.console import report_command
+
+GALLERY = "bench"
+THROUGHPUT_RATIO = 0.8  # backfill items/s over NEW's batched encoder items/s, one worker
+P50_RATIO = 2.0  # text search p50 during the rate-limited backfill over idle
+QUICK = {"items": 600, "test_items": 200, "duration": 3.0, "clients": 2, "sample": 300}
+
+
+def register(sub: argparse._SubParsersAction, name: str) -> None:
+    p = sub.add_parser(name, help="managed migration of a 20,000-item gallery: backfill "
+                                  "throughput, search latency during it, R@1 routed vs "
+                                  "migrated, exactly-once after two worker kills")
+    p.add_argument("--base", default="runs/bench-base", help="holds bench base's old/ and new/")
+    p.add_argument("--out", default="runs/bench-migrate", help="results, logs and work files")
+    p.add_argument("--items", type=int, default=20_000, help="gallery size (test set included)")
+    p.add_argument("--test-items", type=int, default=1000,
+                   help="bench base's test set size (the first items of the gallery)")
+    p.add_argument("--sample", type=int, default=10_000, help="items the route is fitted on")
+    p.add_argument("--batch-size", type=int, default=64, help="backfill items per forward")
+    p.add_argument("--rate-limit", type=float, default=None,
+                   help="run B's items/s (default: half of NEW's measured throughput)")
+    p.add_argument("--clients", type=int, default=4, help="concurrent search clients")
+    p.add_argument("--duration", type=float, default=15.0, help="seconds per search window")
+    p.add_argument("--quick", action="store_true", help="smoke run: random tiny models, 600 "
+                                                        "items, short windows")
+    p.add_argument("--keep", action="store_true", help="keep the work directory")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=report_command(run, render))
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.quick:
+        args = argparse.Namespace(**{**vars(args), **QUICK})
+    out = Path(args.out)
+    work = out / "work"
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    old, new = _models(args, work)
+    result: dict[str, Any] = {"items": args.items, "test_items": args.test_items,
+                              "old": old.version_id, "new": new.version_id}
+    start = time.perf_counter()
+    data = _write_images(work, args)
+    route = _fit_route(old, new, data, args, work)
+    result["setup"] = _build(work, old, route, data, args)
+    result["setup"]["seconds"] = round(time.perf_counter() - start, 1)
+    result["encoder"] = _encoder_throughput(new, data)
+    rate = args.rate_limit or round(result["encoder"]["items_per_s"] / 2, 1)
+    with _stack(work) as stack:
+        result["run_a"] = stack.migrate(args.batch_size, 0.0)
+        stack.undo()
+        result["idle"] = stack.search_load(args.clients, args.duration)
+        result["run_b"] = stack.migrate(args.batch_size, rate, search=(args.clients,
+                                                                       args.duration),
+                                        kills=2)
+    result["exactly_once"] = _exactly_once(work, result["run_b"])
+    result["recall"] = _recall(work, old, new, route, data, result["run_b"])
+    result["targets"] = targets(result)
+    (out / "bench-migrate.json").write_text(json.dumps(result, indent=2))
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
+# ------------------------------------------------------------------ setup
+def _models(args: argparse.Namespace, work: Path) -> tuple[Any, Any]:
+    from training.artifacts import load_artifact
+
+    if args.quick:
+        return _random_model(work / "old", "old", 1), _random_model(work / "new", "new", 2)
+    base = Path(args.base)
+    if not (base / "old").is_dir() or not (base / "new").is_dir():
+        raise SystemExit(f"{base} has no old/ and new/ models: run `nobackfill bench base "
+                         f"--out {base}` first")
+    return load_artifact(base / "old"), load_artifact(base / "new")
+
+
+def _random_model(out: Path, name: str, seed: int) -> Any:
+    import torch
+
+    from training.artifacts import WEIGHTS, model_state, write_artifact
+    from training.configs import config_path
+    from training.encoders import ModelSpec, create_model, model_embed_dim
+
+    spec = ModelSpec.from_json(config_path("tiny-old"))
+    torch.manual_seed(seed)
+    model = create_model(spec)
+    manifest = {"version_id": name, "space": name, "model_spec": spec.to_dict(),
+                "embed_dim": model_embed_dim(model), "kind": "bench-random-init"}
+    return write_artifact(out, manifest, {WEIGHTS: model_state(model)})
+
+
+def _write_images(work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The test set and the filler images on disk; their datasets."""
+    from training.bench.base_models import TEST_SEED, BaseBench
+    from training.data import open_dataset, write_dataset
+
+    bench = BaseBench()
+    test = work / "data" / "datasets" / "test"
+    write_dataset(test, args.test_items, seed=TEST_SEED, domains=bench.domains,
+                  languages=("en",), id_prefix="test-")
+    fill = work / "data" / "datasets" / "fill"
+    write_dataset(fill, args.items - args.test_items, seed=31_337, domains=bench.domains,
+                  languages=("en",), id_prefix="fill-")
+    return {"test": open_dataset(test), "fill": open_dataset(fill), "test_dir": test}
+
+
+def _fit_route(old: Any, new: Any, data: dict[str, Any], args: argparse.Namespace,
+               work: Path) -> Any:
+    from training.adapters import AdapterFitConfig
+    from training.adapters.fit import fit_adapter, sample_from_dataset
+
+    sample = sample_from_dataset(old, data["fill"], k=args.sample, seed=0)
+    return fit_adapter(new, sample, AdapterFitConfig(method="procrustes"), old.space,
+                       work / "route", old=old, version_id=f"{new.version_id}-routed")
+
+
+def _build(work: Path, old: Any, route: Any, data: dict[str, Any],
+           args: argparse.Namespace) -> dict[str, Any]:
+    """Register OLD and the route version, create the gallery, embed every image with OLD
+    through the shared ingest pipeline (the origin of each item is its file), promote."""
+    from service.state.gallery import GalleryStore, open_qdrant
+    from service.state.gallery.ingest import GalleryWriter, ingest_dataset
+    from service.state.registry import Registry
+    from service.state.thumbnails import ThumbnailStore
+    from training.gate import run_gate
+    from training.versions import load_encoder
+
+    settings = _settings(work)
+    registry = Registry(settings.registry_dir)
+    registry.register(old.path, by="bench")
+    gate = run_gate(route, old, data["test"])
+    registry.register(route.path, by="bench", gate=gate)
+    registry.create_gallery(GALLERY, old.space, by="bench", version=old.version_id,
+                            validation=str(data["test_dir"]))
+    encoder = load_encoder(old, old.space)
+    store = GalleryStore(open_qdrant(settings), serialise=True)
+    start = time.perf_counter()
+    try:
+        store.create(GALLERY, encoder.embed_dim)
+        writer = GalleryWriter(store, ThumbnailStore.of(settings), GALLERY, old.version_id,
+                               old.space)
+        for dataset in (data["test"], data["fill"]):
+            ingest_dataset(encoder, writer, dataset, 256)
+        count = store.count(GALLERY)
+    finally:
+        store.close()
+    registry.promote(GALLERY, route.version_id, by="bench", force=not gate["passed"],
+                     reason=None if gate["passed"] else "bench: measure the route anyway")
+    return {"gallery_items": count, "ingest_seconds": round(time.perf_counter() - start, 1),
+            "route": "procrustes adapter", "route_gate_passed": gate["passed"]}
+
+
+def _settings(work: Path) -> Any:
+    from service.state.config import Settings
+
+    return Settings(data_dir=work / "data", device="cpu")
+
+
+def _encoder_throughput(new: Any, data: dict[str, Any], n: int = 2048,
+                        batch: int = 64) -> dict[str, Any]:
+    """NEW's batched image embedding rate on preloaded images (preprocess + forward)."""
+    from training.versions import load_encoder
+
+    encoder = load_encoder(new, new.space, "cpu")
+    dataset = data["fill"]
+    images = [dataset.load_image(i % len(dataset)) for i in range(min(n, len(dataset)))]
+    encoder.encode_images(images[:batch])  # warm-up
+    start = time.perf_counter()
+    for first in range(0, len(images), batch):
+        encoder.encode_images(images[first:first + batch])
+    seconds = time.perf_counter() - start
+    return {"items": len(images), "batch": batch, "seconds": round(seconds, 2),
+            "items_per_s": round(len(images) / seconds, 1)}
+
+
+# ------------------------------------------------------------------ the running stack
+class Stack:
+    """The gateway and a worker on the embedded default; the bench drives them by HTTP."""
+
+    def __init__(self, work: Path, url: str, env: dict[str, str]) -> None:
+        self.work, self.url, self.env = work, url, env
+        self.worker: subprocess.Popen | None = None
+        self.http = httpx.Client(base_url=url, headers={"X-API-Key": ADMIN_KEY}, timeout=120)
+        self.starts = 0
+
+    def start_worker(self) -> None:
+        from service.stack.launch import start_worker
+
+        self.starts += 1
+        log = self.work / f"worker-{self.starts}.log"
+        self.worker = start_worker(self.env, log)
+        _poll(lambda: "ready" in log.read_text() if log.exists() else False, 300, "worker")
+
+    def kill_worker(self) -> None:
+        assert self.worker is not None
+        os.killpg(self.worker.pid, signal.SIGKILL)
+        self.worker.wait()
+        self.worker = None
+
+    def stop_worker(self) -> None:
+        from service.stack.launch import stop
+
+        if self.worker is not None:
+            stop(self.worker, 30)
+            self.worker = None
+
+    def view(self) -> dict[str, Any]:
+        r = self.http.get(f"/v1/galleries/{GALLERY}/migration")
+        r.raise_for_status()
+        return r.json()
+
+    def migrate(self, batch_size: int, rate: float, search: tuple[int, float] | None = None,
+                kills: int = 0) -> dict[str, Any]:
+        """One migration to the switch; its timings (and the search load measured while it
+        backfills, and the worker killed ``kills`` times spread over its second half)."""
+        if self.worker is None:
+            self.start_worker()
+        r = self.http.post(f"/v1/galleries/{GALLERY}/migration",
+                           json={"shards": 1, "batch_size": batch_size, "rate_limit": rate})
+        r.raise_for_status()
+        submitted = time.monotonic()
+        total = sum(s["total"] for s in r.json()["shards"])
+        out: dict[str, Any] = {"rate_limit": rate, "kills": 0}
+        _poll(lambda: self.view()["progress"]["done"] > 0, 600, "backfill start")
+        started = time.monotonic()
+        if search is not None:
+            out["search"] = self.search_load(*search)
+        for k in range(kills):
+            goal = total * (0.5 + 0.4 * k / max(kills, 1))
+            _poll(lambda g=goal: self.view()["progress"]["done"] >= g, 3600, "kill point")
+            self.kill_worker()
+            out["kills"] += 1
+            self.start_worker()
+        _poll(lambda: self.view()["progress"]["done"] >= total, 7200, "backfill")
+        backfilled = time.monotonic()
+        view = _poll(self.settled, 1800, "the switch")
+        forced = None
+        if view["state"] == "backfilling" and view["job_status"] == "succeeded":
+            forced = view["result"].get("switch_refused")  # the gate refused: say so, go on
+            r = self.http.post(f"/v1/galleries/{GALLERY}/migration/switch", json={
+                "force": True, "reason": "bench migrate measures the mechanism"})
+            r.raise_for_status()
+            view = self.view()
+        switched = time.monotonic()
+        out["forced_switch"] = forced
+        job = self.http.get(f"/v1/jobs/{view['job']}").json()
+        out.update({"job": view["job"], "state": view["state"], "total": total,
+                    "gate": view["gate"], "result": view["result"],
+                    "attempts": [s["attempts"] for s in job["shards"]],
+                    "source": view["source"], "target": view["target"],
+                    "first_item_s": round(started - submitted, 1),
+                    "backfill_s": round(backfilled - started, 1),
+                    "to_switch_s": round(switched - submitted, 1),
+                    "backfill_items_per_s": round(total / max(backfilled - started, 1e-9), 1)})
+        return out
+
+    def settled(self) -> dict[str, Any] | None:
+        """The migration's view once it switched or its job ended (else None)."""
+        view = self.view()
+        done = view["job_status"] in ("succeeded", "failed", "cancelled")
+        return view if view["state"] != "backfilling" or done else None
+
+    def undo(self) -> None:
+        """Back to the route: roll the switched gallery back and retire the new side."""
+        for action in ("rollback", "retire"):
+            r = self.http.post(f"/v1/galleries/{GALLERY}/migration/{action}", json={})
+            r.raise_for_status()
+
+    def search_load(self, clients: int, duration: float) -> dict[str, Any]:
+        from service.bench.server import load, pool
+
+        queries = self.work / "queries.json"
+        if not queries.exists():
+            from service.bench.setup import make_queries
+
+            queries.write_text(json.dumps(make_queries(n_images=1).to_json()))
+        cell = pool([load(self.url, GALLERY, queries, "text", clients, duration, 1.0)])
+        return {k: cell[k] for k in ("requests", "errors", "first_error", "qps", "p50_ms",
+                                     "p99_ms")}
+
+
+ADMIN_KEY = "bench-admin"
+
+
+@contextlib.contextmanager
+def _stack(work: Path) -> Iterator[Stack]:
+    from service.stack.launch import gateway_process
+
+    settings = _settings(work)
+    env = {"NOBACKFILL_DATA_DIR": str(settings.data_dir), "NOBACKFILL_DEVICE": "cpu",
+           "NOBACKFILL_ADMIN_API_KEYS": json.dumps({"bench": ADMIN_KEY}),
+           "NOBACKFILL_ACCESS_LOG": "false", "NOBACKFILL_JOB_STALE_AFTER_S": "10",
+           "NOBACKFILL_JOB_HEARTBEAT_S": "1", "NOBACKFILL_WORKER_NAME": "bench@localhost",
+           "NOBACKFILL_BOOTSTRAP": "false"}
+    with gateway_process(env, work / "gateway.log") as url:
+        stack = Stack(work, url, env)
+        try:
+            yield stack
+        finally:
+            stack.stop_worker()
+            stack.http.close()
+
+
+def _poll(check: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise SystemExit(f"bench migrate: timed out after {timeout:.0f}s waiting for {what}")
+
+
+# ------------------------------------------------------------------ checks after the runs
+def _exactly_once(work: Path, run_b: dict[str, Any]) -> dict[str, Any]:
+    """Both sides of run B, read back: ids lost or extra in the new side, duplicates."""
+    from service.state.gallery import GalleryStore, open_qdrant
+
+    store = GalleryStore(open_qdrant(_settings(work)), serialise=True)
+    try:
+        source = set(store.stored(run_b["source"]["collection"]))
+        target = store.stored(run_b["target"]["collection"])
+        points = store.count(run_b["target"]["collection"])
+    finally:
+        store.close()
+    return {"source_items": len(source), "target_items": len(target), "target_points": points,
+            "lost": len(source - set(target)), "extra": len(set(target) - source),
+            "duplicated": points - len(target)}
+
+
+def _recall(work: Path, old: Any, new: Any, route: Any, data: dict[str, Any],
+            run_b: dict[str, Any]) -> dict[str, Any]:
+    """R@1 on the test set: routed (route queries against the stored OLD image vectors and
+    OLD's caption embeddings) and migrated (NEW's queries against the stored NEW image
+    vectors and NEW's caption embeddings); and how close the stored NEW vectors are to
+    NEW's own embeddings of the same images."""
+    from service.state.gallery import GalleryStore, open_qdrant
+    from training.evaluate import cross_metrics
+    from training.versions import load_encoder
+
+    test = data["test"]
+    ids = [r.id for r in test.records]
+    texts, _ = test.captions("en")
+    relevance = test.relevance("en")
+    images = [test.load_image(i) for i in range(len(test))]
+    store = GalleryStore(open_qdrant(_settings(work)), serialise=True)
+    try:
+        before = store.vectors(run_b["source"]["collection"], ids)
+        after = store.vectors(run_b["target"]["collection"], ids)
+    finally:
+        store.close()
+    old_images = np.stack([before[i]["image"] for i in ids])
+    new_images = np.stack([after[i]["image"] for i in ids])
+    routed_q = load_encoder(route, old.space, "cpu")
+    native = load_encoder(new, new.space, "cpu")
+    new_own = native.encode_images(images)
+    cells = {
+        "old->old": cross_metrics(load_encoder(old, old.space, "cpu").encode_texts(texts),
+                                  old_images, old_images,
+                                  load_encoder(old, old.space, "cpu").encode_texts(texts),
+                                  relevance),
+        "routed new->old": cross_metrics(routed_q.encode_texts(texts),
+                                         routed_q.encode_images(images), old_images,
+                                         load_encoder(old, old.space, "cpu").encode_texts(texts),
+                                         relevance),
+        "migrated new->new": cross_metrics(native.encode_texts(texts), new_own, new_images,
+                                           native.encode_texts(texts), relevance)}
+    cosine = np.sum(new_images * new_own, axis=1)
+    return {"cells": {k: {d: round(v[d]["R@1"], 4) for d in ("t2i", "i2t")}
+                      for k, v in cells.items()},
+            "stored_vs_new_cosine_min": round(float(cosine.min()), 6)}
+
+
+# ------------------------------------------------------------------ report
+def targets(result: dict[str, Any]) -> dict[str, Any]:
+    ratio = result["run_a"]["backfill_items_per_s"] / result["encoder"]["items_per_s"]
+    p50 = result["run_b"]["search"]["p50_ms"] / result["idle"]["p50_ms"]
+    once = result["exactly_once"]
+    errors = result["idle"]["errors"] + result["run_b"]["search"]["errors"]
+    return {
+        f"backfill/encoder throughput >= {THROUGHPUT_RATIO}": {
+            "value": round(ratio, 2), "met": ratio >= THROUGHPUT_RATIO},
+        f"search p50 during rate-limited backfill / idle <= {P50_RATIO}": {
+            "value": round(p50, 2), "met": p50 <= P50_RATIO},
+        "0 lost or duplicated items after 2 worker kills": {
+            "value": once["lost"] + once["duplicated"] + once["extra"],
+            "met": once["lost"] == once["duplicated"] == once["extra"] == 0
+            and result["run_b"]["kills"] == 2},
+        "no search errors": {"value": errors, "met": errors == 0},
+        "both runs switched": {"value": [result["run_a"]["state"], result["run_b"]["state"]],
+                               "met": result["run_a"]["state"] == result["run_b"]["state"]
+                               == "switched"},
+    }
+
+
+def render(result: dict[str, Any]) -> str:
+    a, b, enc = result["run_a"], result["run_b"], result["encoder"]
+    setup = result["setup"]
+    lines = [(f"bench migrate: {result['items']} items, OLD={result['old']} "
+              f"NEW={result['new']} (route: {setup['route']}, its gate passed: "
+              f"{setup['route_gate_passed']})"), "",
+             "| throughput | items/s |", "|---|---|",
+             f"| NEW encoder, batched ({enc['batch']}) | {enc['items_per_s']} |",
+             f"| run A backfill (1 worker, no limit) | {a['backfill_items_per_s']} |",
+             (f"| run B backfill (rate limit {b['rate_limit']}/s, 2 kills) | "
+              f"{b['backfill_items_per_s']} |"), "",
+             "| text search | QPS | p50 ms | p99 ms | errors |", "|---|---|---|---|---|"]
+    for name, cell in (("idle", result["idle"]), ("during run B", b["search"])):
+        lines.append(f"| {name} | {cell['qps']:.1f} | {cell['p50_ms']:.1f} | "
+                     f"{cell['p99_ms']:.1f} | {cell['errors']} |")
+    lines += ["", "| R@1 on the test set | t2i | i2t |", "|---|---|---|"]
+    for name, cell in result["recall"]["cells"].items():
+        lines.append(f"| {name} | {cell['t2i']:.3f} | {cell['i2t']:.3f} |")
+    once = result["exactly_once"]
+    lines += ["", ("stored NEW vectors vs NEW's own embeddings: min cosine "
+                   f"{result['recall']['stored_vs_new_cosine_min']}"),
+              (f"after run B: {once['target_items']} items in the new side for "
+               f"{once['source_items']} in the old ({once['lost']} lost, {once['extra']} "
+               f"extra, {once['duplicated']} duplicated); shard attempts {b['attempts']}")]
+    for name, run in (("A", a), ("B", b)):
+        if run.get("forced_switch"):
+            lines.append(f"run {name}: the gate refused the switch ({run['forced_switch']}); "
+                         f"the bench switched with force")
+    lines += [(f"timings: run A first item {a['first_item_s']} s, backfill {a['backfill_s']} "
+               f"s, to switch {a['to_switch_s']} s; run B to switch {b['to_switch_s']} s"),
+              "", "targets:"]
+    for name, check in result["targets"].items():
+        lines.append(f"  [{'x' if check['met'] else ' '}] {name}: {check['value']}")
+    return "\n".join(lines)
