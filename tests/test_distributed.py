@@ -31,6 +31,7 @@ from training.distributed import (
     check_gpus,
     gather,
     launch,
+    run_ranks,
 )
 from training.encoders import ModelSpec, create_model
 from training.errors import ConfigError
@@ -111,17 +112,64 @@ def _all_methods(world: World, payload: list[tuple[Any, dict[str, Any]]],
         fn(**kwargs, device=str(world.device), on_progress=report)
 
 
+RESUME_STEPS = 12
+
+
+def _resumable(data: PairDataset, parent: Artifact, out: Path, name: str,
+               checkpoints: Path | None) -> dict[str, Any]:
+    """A CTP phase (momentum model and queues: task state beyond the weights) long enough
+    to be stopped mid-run, saving its whole state every 2 steps under ``checkpoints``."""
+    kwargs = _phase("ctp", data, parent, out, lr=1e-3, queue_size=24)
+    options = kwargs["options"]
+    kwargs["options"] = PhaseOptions(**{**options.__dict__, "steps": RESUME_STEPS,
+                                        "checkpoint_every": 2 if checkpoints else 0,
+                                        "checkpoint_dir": str(checkpoints) if checkpoints
+                                        else None})
+    return {**kwargs, "out": out / name}
+
+
+class Killed(Exception):
+    """What stops the first run of the resume test (as a kill would)."""
+
+
 @pytest.fixture(scope="module")
-def runs(data: PairDataset, parent: Artifact,
+def interrupted(data: PairDataset, parent: Artifact,
+                tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A 2-rank CTP phase stopped, every rank with it, once its first state is saved."""
+    root = tmp_path_factory.mktemp("resume")
+    kwargs = _resumable(data, parent, root, "resumed", root / "checkpoints")
+    state = root / "checkpoints" / "train_state.pt"
+    progress: list[Any] = []
+
+    def kill_once_saved() -> None:
+        if state.is_file():
+            raise Killed
+
+    with pytest.raises(Killed):
+        run_ranks(2, run_phase, kwargs, device="cpu", on_progress=progress.append,
+                  check=kill_once_saved, threads=1)
+    assert not (root / "resumed").exists(), "finished before it could be stopped"
+    return {"kwargs": kwargs, "stopped_at": progress[-1].step if progress else 0}
+
+
+@pytest.fixture(scope="module")
+def runs(data: PairDataset, parent: Artifact, interrupted: dict[str, Any],
          tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Artifact, Artifact]]:
-    """(one process with batch B, two gloo ranks with B/2 each) per method."""
+    """(one process with batch B, two gloo ranks with B/2 each) per method; and under
+    "resume", (2 ranks uninterrupted, 2 ranks resumed from the stopped run's state)."""
     root = tmp_path_factory.mktemp("equivalence")
     single = {name: fn(**build(data, parent, root / "one"), device="cpu")
               for name, fn, build in RUNS}
-    launch(_all_methods, [(fn, build(data, parent, root / "two")) for _, fn, build in RUNS],
-           gpus=2, device="cpu", on_progress=PROGRESS.append, threads=1)
-    assert sorted(p.name for p in (root / "two").iterdir()) == sorted(n for n, _, _ in RUNS)
-    return {name: (single[name], load_artifact(root / "two" / name)) for name, _, _ in RUNS}
+    two = [(fn, build(data, parent, root / "two")) for _, fn, build in RUNS]
+    two += [(run_phase, _resumable(data, parent, root / "two", "uninterrupted", None)),
+            (run_phase, interrupted["kwargs"])]
+    launch(_all_methods, two, gpus=2, device="cpu", on_progress=PROGRESS.append, threads=1)
+    assert sorted(p.name for p in (root / "two").iterdir()) == sorted(
+        [n for n, _, _ in RUNS] + ["uninterrupted"])
+    out = {name: (single[name], load_artifact(root / "two" / name)) for name, _, _ in RUNS}
+    out["resume"] = (load_artifact(root / "two" / "uninterrupted"),
+                     load_artifact(interrupted["kwargs"]["out"]))
+    return out
 
 
 PROGRESS: list[Any] = []  # what rank 0 reported during the shared launch
@@ -163,8 +211,8 @@ def _moved(method: str, trained: Artifact, parent: Artifact) -> float:
 
 
 def test_losses_and_reported_state_match_too(runs) -> None:
-    assert PROGRESS and PROGRESS[-1].stage == "xbt stage 2 (pairs)"  # rank 0 reported
-    assert PROGRESS[-1].step == PROGRESS[-1].total == STEPS
+    assert PROGRESS and PROGRESS[-1].stage == "continual-ctp"  # rank 0 reported
+    assert PROGRESS[-1].step == PROGRESS[-1].total == RESUME_STEPS
     seqft_one, seqft_two = runs["seqft"]
     assert seqft_two.manifest["metrics"]["final_loss"] == pytest.approx(
         seqft_one.manifest["metrics"]["final_loss"], rel=1e-5)
@@ -185,6 +233,17 @@ def test_losses_and_reported_state_match_too(runs) -> None:
     x_one, x_two = (r.manifest["metrics"] for r in runs["xbt"])
     for stage in ("pretrain", "stage2"):
         assert x_two[stage]["first_loss"] == pytest.approx(x_one[stage]["first_loss"], rel=1e-5)
+
+
+def test_a_stopped_multi_rank_run_resumes_to_the_uninterrupted_artifact(runs,
+                                                                       interrupted) -> None:
+    uninterrupted, resumed = runs["resume"]
+    assert 2 <= interrupted["stopped_at"] < RESUME_STEPS  # stopped mid-run, after a save
+    a, b = _tensors(uninterrupted), _tensors(resumed)
+    assert a.keys() == b.keys() and any(k.startswith("state.safetensors:ctp/") for k in a)
+    for key in a:  # same weights, and the same CTP queues (task state restored)
+        np.testing.assert_allclose(b[key].float().numpy(), a[key].float().numpy(), **TOL,
+                                   err_msg=key)
 
 
 # ---------------------------------------------------------------- pieces, in one process

@@ -84,6 +84,7 @@ def model_spec_from(args: argparse.Namespace) -> Any:
 # ---------------------------------------------------------------- train-base
 def cmd_train_base(args: argparse.Namespace) -> int:
     from training.contrastive import train_contrastive
+    from training.distributed import train_artifact
     from training.trainer import TrainConfig
 
     cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr,
@@ -91,10 +92,11 @@ def cmd_train_base(args: argparse.Namespace) -> int:
                       checkpoint_every=args.checkpoint_every)
     dataset = open_dataset(args.data, args.skip_bad)
     eval_data = open_dataset(args.eval_data) if args.eval_data else None
-    art = train_contrastive(model_spec_from(args), dataset, cfg, args.out, languages=args.languages,
-                     eval_dataset=eval_data, version_id=args.version_id,
-                     checkpoint_dir=Path(args.out).with_name(Path(args.out).name + ".checkpoints")
-                     if args.checkpoint_every else None)
+    art = train_artifact(args.gpus, train_contrastive, {
+        "spec": model_spec_from(args), "dataset": dataset, "cfg": cfg, "out": args.out,
+        "languages": args.languages, "eval_dataset": eval_data, "version_id": args.version_id,
+        "checkpoint_dir": Path(args.out).with_name(Path(args.out).name + ".checkpoints")
+        if args.checkpoint_every else None})
     emit(args, art.manifest, f"wrote {art.version_id} to {art.path}\n"
          + json.dumps(art.manifest["metrics"], indent=2))
     return 0
@@ -113,11 +115,20 @@ def add_train_base(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--warmup", type=float, default=0.05, help="warmup fraction of steps")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--checkpoint-every", type=int, default=0, help="steps; 0 disables")
+    p.add_argument("--checkpoint-every", type=int, default=0,
+                   help="steps; 0 disables. Saved under OUT.checkpoints; a run that finds a "
+                        "saved state there resumes from it")
+    add_gpus_option(p)
     p.add_argument("--version-id", help="default: generated")
     p.add_argument("--skip-bad", action="store_true", help="skip rows with bad images")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_train_base)
+
+
+def add_gpus_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpus", type=int, default=1,
+                   help="data-parallel ranks on this host: one per GPU (NCCL), or CPU "
+                        "processes (gloo) without CUDA; the batch size is the global batch")
 
 
 # ---------------------------------------------------------------- eval / info
@@ -223,13 +234,16 @@ def new_model_from(args: argparse.Namespace) -> Any:
 
 def cmd_upgrade(args: argparse.Namespace) -> int:
     from training.artifacts import load_artifact
+    from training.distributed import train_artifact
     from training.xbt import get_upgrade
     from training.xbt.upgrade import upgrade
 
     cfg = get_upgrade(args.upgrade).configure(dict(args.settings))  # before any loading
     old, new = load_artifact(args.old), new_model_from(args)
-    art = upgrade(old, new, args.corpus, open_dataset(args.pairs, args.skip_bad), args.out, cfg,
-                  version_id=args.version_id, target_space=args.target_space, device=args.device)
+    art = train_artifact(args.gpus, upgrade, {
+        "old": old, "new": new, "corpus": args.corpus, "out": args.out, "cfg": cfg,
+        "pairs": open_dataset(args.pairs, args.skip_bad), "version_id": args.version_id,
+        "target_space": args.target_space}, device=args.device)
     emit(args, art.manifest, f"wrote {art.version_id} to {art.path}: space '{art.space}', "
          f"route into '{art.manifest['target_space']}'\n"
          + json.dumps(art.manifest["metrics"], indent=2))
@@ -256,6 +270,7 @@ def add_upgrade_inputs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--version-id", help="default: generated")
     p.add_argument("--target-space", help="space to map into (default: the old version's root)")
     p.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when present)")
+    add_gpus_option(p)
     p.add_argument("--skip-bad", action="store_true", help="skip pairs with bad images")
     p.add_argument("--json", action="store_true")
 
@@ -329,6 +344,7 @@ def cmd_continual(args: argparse.Namespace) -> int:
     from training.continual import get_strategy
     from training.continual.phase import run_phase
     from training.continual.strategy import PhaseOptions
+    from training.distributed import train_artifact
 
     overrides = dict(args.settings)
     for name in ("replay", "lr"):
@@ -337,10 +353,13 @@ def cmd_continual(args: argparse.Namespace) -> int:
     config = get_strategy(args.method).Config.from_dict(overrides)
     options = PhaseOptions(steps=args.steps, batch_size=args.batch_size, seed=args.seed,
                            domain=args.domain, language=args.language,
-                           version_id=args.version_id, device=args.device)
+                           version_id=args.version_id, checkpoint_dir=args.checkpoint_dir,
+                           checkpoint_every=args.checkpoint_every)
     prior = open_dataset(args.prior, args.skip_bad) if args.prior else None
-    art = run_phase(args.parent, args.method, open_dataset(args.data, args.skip_bad), args.out,
-                    config, options, prior)
+    art = train_artifact(args.gpus, run_phase, {
+        "parent": args.parent, "method": args.method, "out": args.out, "config": config,
+        "data": open_dataset(args.data, args.skip_bad), "options": options, "prior": prior},
+        device=args.device)
     emit(args, art.manifest, f"wrote {art.version_id} ({args.method}) to {art.path}: parent "
          f"{art.manifest['parent']}, space '{art.space}'\n"
          + json.dumps(art.manifest["metrics"], indent=2))
@@ -377,6 +396,11 @@ def add_continual(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--version-id", help="default: generated")
     p.add_argument("--device", help="cpu, cuda (default: cuda when present)")
+    add_gpus_option(p)
+    p.add_argument("--checkpoint-dir", help="save the whole training state here; a phase "
+                                            "that finds a saved state there resumes from it")
+    p.add_argument("--checkpoint-every", type=int, default=0,
+                   help="steps between saves (needs --checkpoint-dir); 0 disables")
     p.add_argument("--skip-bad", action="store_true", help="skip rows with bad images")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_continual)

@@ -86,7 +86,8 @@ def train_contrastive(spec: ModelSpec, dataset: PairDataset, cfg: TrainConfig, o
     result = train(ContrastiveTask(model), pair_batches(pairs, cfg.batch_size, cfg.seed),
                    [{"params": [p for p in model.parameters() if p.requires_grad]}], cfg,
                    desc="train-base", show_progress=show_progress, on_progress=on_progress,
-                   on_checkpoint=_checkpointer(model, Path(checkpoint_dir) if checkpoint_dir else None))
+                   on_checkpoint=_checkpointer(model, Path(checkpoint_dir) if checkpoint_dir else None),
+                   state_dir=checkpoint_dir)
     model.eval()
     return on_main(lambda: _write_base(model, encoder, spec, dataset, cfg, out, languages,
                                        eval_dataset, version_id, result),

@@ -437,6 +437,19 @@ def run_ranks(gpus: int, fn: Callable[..., Any], kwargs: dict[str, Any],
     launch(_call_entry, (fn, kwargs), gpus, device, on_progress, check, threads)
 
 
+def train_artifact(gpus: int, fn: Callable[..., Any], kwargs: dict[str, Any],
+                   device: str | None = None, on_progress: Callable[[Any], None] | None = None,
+                   check: Callable[[], None] | None = None, threads: int | None = None) -> Any:
+    """The artifact ``fn(**kwargs)`` writes at ``kwargs["out"]``, trained on ``gpus`` ranks:
+    in this process for 1 (as without torch.distributed), else ``run_ranks``."""
+    if gpus == 1 and not isinstance(gpus, bool):
+        return fn(**kwargs, device=device, on_progress=on_progress)
+    from training.artifacts import load_artifact
+
+    run_ranks(gpus, fn, kwargs, device, on_progress, check, threads)
+    return load_artifact(kwargs["out"])
+
+
 def _call_entry(world: World, payload: tuple[Callable[..., Any], dict[str, Any]],
                 report: Callable[[Any], None] | None) -> None:
     fn, kwargs = payload

@@ -13,6 +13,7 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -144,12 +145,15 @@ def train(task: Task, batches: Iterator[Any], groups: list[dict[str, Any]], cfg:
           on_checkpoint: Callable[[int], None] | None = None,
           before_step: Callable[[torch.optim.Optimizer], None] | None = None,
           after_step: Callable[[torch.optim.Optimizer], None] | None = None,
-          optimizer_cls: type[torch.optim.Optimizer] = torch.optim.AdamW) -> TrainResult:
+          optimizer_cls: type[torch.optim.Optimizer] = torch.optim.AdamW,
+          state_dir: str | Path | None = None) -> TrainResult:
     """Run ``cfg.steps`` optimizer steps of ``task`` over ``batches``.
 
     ``before_step`` runs after clipping and before ``opt.step()`` (e.g. gradient
     projection), ``after_step`` right after it (e.g. projecting the update);
-    ``on_progress`` is called every step and may raise to stop.
+    ``on_progress`` is called every step and may raise to stop. With ``state_dir`` the
+    run's whole state (``TrainState``) is saved there every ``cfg.checkpoint_every``
+    steps, and a run that finds one there resumes from it.
 
     Under torch.distributed (``training.distributed``) ``batches`` yields this rank's
     shard of each global batch, the trained parameters are wrapped in DDP (gradients
@@ -160,19 +164,25 @@ def train(task: Task, batches: Iterator[Any], groups: list[dict[str, Any]], cfg:
     opt = make_optimizer(groups, cfg, optimizer_cls)
     params = [p for g in opt.param_groups for p in g["params"]]
     forward = ddp(TaskModule(task, params), world) if world.distributed else task.losses
+    state = TrainState(Path(state_dir), params, opt, task) if state_dir is not None else None
+    first = state.restore() if state is not None else 0
+    for _ in range(first):  # the batches an uninterrupted run would have consumed
+        next(batches)
+    if state is not None and world.is_main:
+        on_checkpoint = _and_then(on_checkpoint, state.save)
     if not world.is_main:
         on_progress = on_checkpoint = None
-    result, start = TrainResult(0, 0.0), time.perf_counter()
-    bar = tqdm(total=cfg.steps, desc=desc, disable=not (show_progress and world.is_main),
-               dynamic_ncols=True)
-    for step in range(cfg.steps):
+    result, start = TrainResult(first, 0.0), time.perf_counter()
+    bar = tqdm(total=cfg.steps, initial=first, desc=desc,
+               disable=not (show_progress and world.is_main), dynamic_ncols=True)
+    for step in range(first, cfg.steps):
         _apply_schedule(opt, step, cfg)
         loss = _one_step(forward, next(batches), opt, params, cfg, before_step, after_step)
         result.losses.append(loss)
         result.steps = step + 1
-        elapsed = time.perf_counter() - start
-        prog = Progress(step + 1, cfg.steps, loss, elapsed / (step + 1) * (cfg.steps - step - 1),
-                        (step + 1) * cfg.batch_size / max(elapsed, 1e-9), desc)
+        done, elapsed = step + 1 - first, time.perf_counter() - start
+        prog = Progress(step + 1, cfg.steps, loss, elapsed / done * (cfg.steps - step - 1),
+                        done * cfg.batch_size / max(elapsed, 1e-9), desc)
         bar.update(1)
         bar.set_postfix(loss=f"{loss:.4f}", samples_s=f"{prog.samples_per_s:.0f}")
         if on_progress is not None:
@@ -182,6 +192,58 @@ def train(task: Task, batches: Iterator[Any], groups: list[dict[str, Any]], cfg:
     bar.close()
     result.seconds = time.perf_counter() - start
     return result
+
+
+class TrainState:
+    """Everything a run needs to go on where it stopped: the step, the trained parameters,
+    the optimizer's state, the task's own state (a task may define ``state_dict`` and
+    ``load_state_dict``, e.g. CTP's momentum model and queues) and the RNG. Rank 0 saves it
+    atomically (a killed run leaves the previous file whole); every rank of a restarted
+    run reads it. The batch streams are seeded, so skipping the steps already done gives
+    the restarted run the batches the uninterrupted one would have had."""
+
+    FILE = "train_state.pt"
+
+    def __init__(self, directory: Path, params: list[torch.Tensor], opt: torch.optim.Optimizer,
+                 task: Task) -> None:
+        self.directory, self.params, self.opt, self.task = directory, params, opt, task
+
+    def save(self, step: int) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        task_state = self.task.state_dict() if hasattr(self.task, "state_dict") else {}
+        tmp = self.directory / f"{self.FILE}.tmp"
+        torch.save({"step": step, "params": [p.detach().cpu() for p in self.params],
+                    "optimizer": self.opt.state_dict(), "task": task_state,
+                    "rng": torch.get_rng_state()}, tmp)
+        tmp.replace(self.directory / self.FILE)
+
+    def restore(self) -> int:
+        """The step the saved state reached (0 when there is none), loaded into place."""
+        path = self.directory / self.FILE
+        if not path.is_file():
+            return 0
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        if len(saved["params"]) != len(self.params) or any(
+                a.shape != b.shape for a, b in zip(saved["params"], self.params, strict=True)):
+            raise ConfigError(f"{path} was saved by a run that trains other parameters; "
+                              f"remove it or use another checkpoint directory")
+        with torch.no_grad():
+            for param, value in zip(self.params, saved["params"], strict=True):
+                param.copy_(value)
+        self.opt.load_state_dict(saved["optimizer"])
+        if saved["task"]:
+            self.task.load_state_dict(saved["task"])  # type: ignore[attr-defined]
+        torch.set_rng_state(saved["rng"])
+        return int(saved["step"])
+
+
+def _and_then(first: Callable[[int], None] | None,
+              then: Callable[[int], None]) -> Callable[[int], None]:
+    def both(step: int) -> None:
+        if first is not None:
+            first(step)
+        then(step)
+    return both
 
 
 class TaskModule(torch.nn.Module):

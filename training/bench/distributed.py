@@ -12,6 +12,7 @@ expect no speed-up; on a GPU host (``--device cuda``) they are NCCL ranks, one p
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -30,40 +31,36 @@ def _data(images: int) -> PairDataset:
                                                  id_prefix="dist-"))
 
 
-def _train(ranks: int, fn: Any, kwargs: dict[str, Any], device: str | None) -> Any:
-    """``fn`` in this process (1 rank) or on ``ranks`` spawned ranks; its artifact."""
-    from training.artifacts import load_artifact
-    from training.distributed import run_ranks
-
-    if ranks == 1:
-        return fn(**kwargs, device=device)
-    run_ranks(ranks, fn, kwargs, device=device)
-    return load_artifact(kwargs["out"])
+def _threads(ranks: int, args: argparse.Namespace) -> int:
+    """CPU threads per rank: ``--threads``, else the cores split over the ranks."""
+    return args.threads or max(1, (os.cpu_count() or 1) // ranks)
 
 
 def _base(ranks: int, args: argparse.Namespace, data: PairDataset, out: Path) -> Any:
     from training.contrastive import train_contrastive
+    from training.distributed import train_artifact
     from training.encoders import ModelSpec
     from training.trainer import TrainConfig
 
     cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=5e-4, seed=0)
-    return _train(ranks, train_contrastive, {
+    return train_artifact(ranks, train_contrastive, {
         "spec": ModelSpec.from_json(config_path("tiny-old")), "dataset": data, "cfg": cfg,
         "out": out / f"base-{ranks}", "version_id": f"base-{ranks}", "show_progress": False},
-        args.device)
+        args.device, threads=_threads(ranks, args))
 
 
 def _xbt(ranks: int, args: argparse.Namespace, data: PairDataset, old: Any, out: Path) -> Any:
+    from training.distributed import train_artifact
     from training.encoders import ModelSpec
     from training.xbt.config import XbtConfig
     from training.xbt.upgrade import upgrade
 
     cfg = XbtConfig(pretrain_steps=XBT_PRETRAIN_STEPS, pretrain_batch_size=args.batch_size,
                     steps=args.steps, batch_size=args.batch_size, lora_dropout=0.0)
-    return _train(ranks, upgrade, {
+    return train_artifact(ranks, upgrade, {
         "old": old, "new": ModelSpec.from_json(config_path("tiny-new-bench")), "corpus": CORPUS,
         "pairs": data, "out": out / f"xbt-{ranks}", "cfg": cfg, "version_id": f"xbt-{ranks}",
-        "show_progress": False}, args.device)
+        "show_progress": False}, args.device, threads=_threads(ranks, args))
 
 
 def _largest_difference(a: Any, b: Any, files: tuple[str, ...]) -> float:
@@ -75,14 +72,17 @@ def _largest_difference(a: Any, b: Any, files: tuple[str, ...]) -> float:
     return worst
 
 
-def _row(job: str, ranks: int, art: Any, wall: float, reference: Any, files: tuple[str, ...],
-         batch: int) -> dict[str, Any]:
+def _row(job: str, ranks: int, art: Any, wall: float, reference: Any,
+         args: argparse.Namespace) -> dict[str, Any]:
     metrics = art.manifest["metrics"]
     steps, seconds = ((metrics["stage2"]["steps"], metrics["stage2"]["seconds"]) if job == "xbt"
                       else (art.manifest["hyperparameters"]["steps"], metrics["train_seconds"]))
+    files = ("adapters.safetensors", "projector.safetensors") if job == "xbt" else \
+        ("model.safetensors",)
     return {"job": "xbt stage 2" if job == "xbt" else "base", "ranks": ranks,
-            "steps_per_s": steps / seconds, "samples_per_s": steps * batch / seconds,
-            "train_seconds": seconds, "wall_seconds": wall,
+            "threads_per_rank": _threads(ranks, args), "steps_per_s": steps / seconds,
+            "samples_per_s": steps * args.batch_size / seconds, "train_seconds": seconds,
+            "wall_seconds": wall,
             "max_weight_diff_vs_1_rank": _largest_difference(art, reference, files)}
 
 
@@ -96,34 +96,36 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit("--ranks must include 1: the other runs are compared with it")
     backend = check_gpus(ranks[-1], args.device)
     data = _data(args.images)
+    torch.set_num_threads(_threads(1, args))  # the 1-rank runs train in this process
+    load = os.getloadavg()[0]  # other work on the host skews CPU timings: reported
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-distributed-") as tmp:
-        out = Path(tmp)
-        reference: dict[str, Any] = {}
+        out, reference = Path(tmp), {}
         for job in ("base", "xbt"):
-            files = ("model.safetensors",) if job == "base" else \
-                ("adapters.safetensors", "projector.safetensors")
             for n in ranks:
                 start = time.perf_counter()
                 art = (_base(n, args, data, out) if job == "base"
                        else _xbt(n, args, data, reference["base"], out))
-                wall = time.perf_counter() - start
                 reference.setdefault(job, art)
-                rows.append(_row(job, n, art, wall, reference[job], files, args.batch_size))
+                rows.append(_row(job, n, art, time.perf_counter() - start, reference[job], args))
     return {"backend": backend, "device": args.device or ("cuda" if torch.cuda.is_available()
                                                           else "cpu"),
-            "cpu_threads": torch.get_num_threads(), "images": args.images,
-            "global_batch": args.batch_size, "steps": args.steps, "rows": rows}
+            "images": args.images, "global_batch": args.batch_size, "steps": args.steps,
+            "load_average_1m": [load, os.getloadavg()[0]], "rows": rows}
 
 
 def render(result: dict[str, Any]) -> str:
     lines = [(f"backend {result['backend']} on {result['device']}; global batch "
-              f"{result['global_batch']}, {result['steps']} steps, {result['images']} images"),
-             "job          ranks  steps/s  samples/s  train s  wall s  max |dW| vs 1 rank"]
+              f"{result['global_batch']}, {result['steps']} steps, {result['images']} images; "
+              f"host load average (1 min) before/after: {result['load_average_1m'][0]:.1f}/"
+              f"{result['load_average_1m'][1]:.1f}"),
+             ("job          ranks  threads/rank  steps/s  samples/s  train s  wall s  "
+             "max |dW| vs 1 rank")]
     for r in result["rows"]:
-        lines.append(f"{r['job']:12} {r['ranks']:5}  {r['steps_per_s']:7.2f}  "
-                     f"{r['samples_per_s']:9.1f}  {r['train_seconds']:7.1f}  "
-                     f"{r['wall_seconds']:6.1f}  {r['max_weight_diff_vs_1_rank']:.2e}")
+        lines.append(f"{r['job']:12} {r['ranks']:5}  {r['threads_per_rank']:12}  "
+                     f"{r['steps_per_s']:7.2f}  {r['samples_per_s']:9.1f}  "
+                     f"{r['train_seconds']:7.1f}  {r['wall_seconds']:6.1f}  "
+                     f"{r['max_weight_diff_vs_1_rank']:.2e}")
     return "\n".join(lines)
 
 
@@ -138,5 +140,7 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--steps", type=int, default=20, help="measured optimizer steps per run")
     p.add_argument("--batch-size", type=int, default=64, help="global batch (split over ranks)")
     p.add_argument("--images", type=int, default=512, help="synthetic training images")
+    p.add_argument("--threads", type=int, default=0,
+                   help="CPU threads per rank (default: the cores split over the ranks)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=report_command(run, render))

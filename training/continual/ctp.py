@@ -94,6 +94,12 @@ class FeatureQueues:
         return {"queue_image": self.image.cpu(), "queue_text": self.text.cpu(),
                 "queue_ptr": torch.tensor([self.ptr]), "filled": torch.tensor([self.filled])}
 
+    def load(self, state: dict[str, torch.Tensor]) -> None:
+        """Back to a saved ``state`` (a resumed run), in place."""
+        self.image.copy_(state["queue_image"])
+        self.text.copy_(state["queue_text"])
+        self.ptr, self.filled = int(state["queue_ptr"].item()), int(state["filled"].item())
+
 
 class CtpTask:
     def __init__(self, model: torch.nn.Module, old: torch.nn.Module, momentum: torch.nn.Module,
@@ -103,6 +109,19 @@ class CtpTask:
         # parameter triples (momentum, current, old), aligned by name once
         current, previous = dict(model.named_parameters()), dict(old.named_parameters())
         self.triples = [(p, current[n], previous[n]) for n, p in momentum.named_parameters()]
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """What a resumed run needs besides the trained weights: the momentum model and
+        the queues (``training.trainer.TrainState``)."""
+        momentum = {f"momentum/{k}": v.detach().cpu() for k, v in
+                    self.momentum.state_dict().items()}
+        return {**momentum, **{f"queues/{k}": v for k, v in self.queues.state().items()}}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.momentum.load_state_dict({k.removeprefix("momentum/"): v for k, v in state.items()
+                                       if k.startswith("momentum/")})
+        self.queues.load({k.removeprefix("queues/"): v for k, v in state.items()
+                          if k.startswith("queues/")})
 
     @torch.no_grad()
     def update_momentum(self) -> None:

@@ -103,12 +103,15 @@ def run_phase(parent: Artifact | str | Path, method: str, data: PairDataset, out
     if prior is not None:
         strategy.seed(ctx, prior)
     setup = strategy.setup(ctx)
-    train_cfg = strategy.config.train_config(options.steps, options.batch_size, options.seed)
+    train_cfg = replace(strategy.config.train_config(options.steps, options.batch_size,
+                                                     options.seed),
+                        checkpoint_every=options.checkpoint_every)
     ctx.model.train()
     result = train(setup.task, setup.batches, setup.groups, train_cfg,
                    desc=f"continual-{strategy.name}", show_progress=options.show_progress,
                    on_progress=on_progress, before_step=setup.before_step,
-                   after_step=setup.after_step, optimizer_cls=setup.optimizer_cls)
+                   after_step=setup.after_step, optimizer_cls=setup.optimizer_cls,
+                   state_dir=options.checkpoint_dir)
     ctx.model.eval()
     strategy.finish(ctx)  # every rank: a strategy's statistics may be reduced over ranks
     return on_main(lambda: write_phase(ctx, strategy, train_cfg, result, out,

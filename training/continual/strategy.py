@@ -71,11 +71,18 @@ class PhaseOptions:
     version_id: str | None = None  # default: generated
     device: str | None = None
     show_progress: bool = True
+    # the whole training state is saved here every checkpoint_every steps; a phase that
+    # finds a saved state there resumes from it (training.trainer.TrainState)
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.batch_size < 2:
             raise ConfigError(f"a phase needs steps >= 1 and batch_size >= 2, got "
                               f"{self.steps} and {self.batch_size}")
+        if self.checkpoint_every < 0 or (self.checkpoint_every and not self.checkpoint_dir):
+            raise ConfigError(f"checkpoint_every ({self.checkpoint_every}) must be >= 0, and "
+                              f"> 0 only with a checkpoint_dir")
 
 
 @dataclass

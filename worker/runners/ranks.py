@@ -1,13 +1,12 @@
 """Where a training job's ranks run: in the task's own process for one GPU (as always),
-else on ``gpus`` ranks spawned from it (``training.distributed.run_ranks``). The task
-stays the unit of work: it supervises the ranks, publishes rank 0's progress through the
-job's heartbeat, and on cancel or failure stops every rank before the job ends (the
-lifecycle then removes the work directory, and with it any partial artifact)."""
+else on ``gpus`` ranks spawned from it (``training.distributed``). The task stays the
+unit of work: it supervises the ranks, publishes rank 0's progress through the job's
+heartbeat, and on cancel or failure stops every rank before the job ends (the lifecycle
+then removes the work directory, and with it any partial artifact)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from worker.context import JobContext
@@ -15,17 +14,10 @@ from worker.context import JobContext
 
 def train_candidate(ctx: JobContext, gpus: int, fn: Callable[..., Any],
                     **kwargs: Any) -> Any:
-    """``fn(**kwargs, device=..., on_progress=...)`` on ``gpus`` GPUs of this worker's host
-    (CPU processes over gloo where it has no CUDA); the artifact ``fn`` wrote at
-    ``kwargs["out"]``. ConfigError (the job fails with its message) for a ``gpus`` the
-    host cannot give."""
-    from training.artifacts import load_artifact
-    from training.distributed import check_gpus, run_ranks
+    """``fn(**kwargs)`` on ``gpus`` GPUs of this worker's host (CPU processes over gloo
+    where it has no CUDA): the artifact it wrote at ``kwargs["out"]``. ConfigError (the
+    job fails with its message) for a ``gpus`` the host cannot give."""
+    from training.distributed import train_artifact
 
-    device = ctx.settings.device
-    if gpus == 1:
-        return fn(**kwargs, device=device, on_progress=ctx.heartbeat.report)
-    check_gpus(gpus, device)
-    run_ranks(gpus, fn, kwargs, device=device, on_progress=ctx.heartbeat.report,
-              check=ctx.heartbeat.check)
-    return load_artifact(Path(kwargs["out"]))
+    return train_artifact(gpus, fn, kwargs, device=ctx.settings.device,
+                          on_progress=ctx.heartbeat.report, check=ctx.heartbeat.check)
