@@ -289,7 +289,7 @@ def test_bad_migration_requests_are_refused_before_anything_is_queued(
         # v1 serves 'shapes' natively: there is nothing to migrate to.
         r = client.post("/v1/galleries/shapes/migration", headers=ADMIN, json={})
         assert r.status_code == 409 and "already in space 'v1'" in r.text
-        for action in ("switch", "rollback", "retire"):
+        for action in ("switch", "rollback", "retire", "cancel"):
             r = client.post(f"/v1/galleries/shapes/migration/{action}", headers=ADMIN, json={})
             assert r.status_code in (409, 422), r.text
         assert client.get("/v1/jobs", headers=ADMIN).json() == []

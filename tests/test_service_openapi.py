@@ -98,6 +98,7 @@ def calls(artifact: Path) -> list[Call]:
         r(post, f"{migration}/switch", headers=ADMIN, json={}),
         r(post, f"{migration}/rollback", headers=ADMIN, json={}),
         r(post, f"{migration}/retire", headers=ADMIN),
+        r(post, f"{migration}/cancel", headers=ADMIN),
     ]
 
 

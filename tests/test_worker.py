@@ -377,4 +377,16 @@ def test_embedded_filesystem_broker_runs_the_same_job(micro_versions, world, tmp
         assert done["status"] == "succeeded", done["error"]
         assert done["gate"]["passed"] is True and done["promoted"] is True
         wait_for(lambda: served_version(client) == done["version"], 10, "the swap")
+        # An ingest job on the embedded Qdrant: the worker embeds and spools, the gateway
+        # (which owns the store) writes, then finishes the job.
+        ingest = submit(client, "ingest", {"manifest": str(world), "kinds": ["image", "text"],
+                                           "batch_size": 16})
+        done = until(client, ingest["id"], ("succeeded", "failed"), proc)
+        assert done["status"] == "succeeded", done["error"]
+        assert done["result"]["items"] == done["result"]["applied"] == 40
+        gallery = client.get("/v1/galleries/shapes", headers=ADMIN).json()
+        assert gallery["items"] == 5 + 40
+        hit = client.post("/v1/galleries/shapes/search", json={"text": "a red square",
+                                                               "kind": "image", "top_k": 1})
+        assert hit.status_code == 200 and hit.json()["hits"][0]["version"] == gallery["active"]
     assert (tmp_path / "data" / "broker" / "queue").is_dir()  # no server was involved

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
@@ -94,23 +95,27 @@ async def prepare(gateway: Gateway, job: Job) -> list[int]:
         raise
     try:
         await gateway.runtime.refresh()  # this replica writes both sides from here on
-        items = await asyncio.to_thread(_listing, gateway, job.gallery, source)
+        items, versions = await asyncio.to_thread(_listing, gateway, job.gallery, source)
         planned = await asyncio.to_thread(_write_shards, gateway, job, _plan(items, params.shards))
         await asyncio.to_thread(gateway.jobs.update, job.id, lambda j: _with_result(
-            j, planned_shards=len(planned), listed=len(items)))
+            j, planned_shards=len(planned), listed=len(items), embedded_by=versions))
     except BaseException:
         await abort(gateway, job.gallery, job.id)
         raise
     return planned
 
 
-def _listing(gateway: Gateway, gallery: str, collection: str) -> list[dict[str, Any]]:
-    """Every item of the source side, sorted by id: id, etag, origin, kinds."""
+def _listing(gateway: Gateway, gallery: str,
+             collection: str) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """Every item of the source side, sorted by id (id, etag, origin, kinds), and how many
+    items each version embedded (the migration gate compares against the main one)."""
     with gallery_lock(gateway.settings, gallery):
         stored = gateway.store.stored(collection)
-    return [{"id": s.id, "etag": s.etag, "kinds": list(s.kinds),
-             "origin": origin_of(s.kinds, s.origin, s.payload)}
-            for s in sorted(stored.values(), key=lambda s: s.id)]
+    versions = Counter(str(s.version) for s in stored.values() if s.version)
+    return ([{"id": s.id, "etag": s.etag, "kinds": list(s.kinds),
+              "origin": origin_of(s.kinds, s.origin, s.payload)}
+             for s in sorted(stored.values(), key=lambda s: s.id)],
+            dict(versions.most_common()))
 
 
 def _plan(items: list[dict[str, Any]], shards: int) -> list[list[dict[str, Any]]]:
@@ -152,7 +157,9 @@ async def drive(gateway: Gateway, record: GalleryRecord) -> list[tuple[str, int]
     if pending(gateway.jobs.work_dir(job.id)):
         return []  # applied at the next tick first
     missing = await asyncio.to_thread(_locked_reconcile, gateway, record.name, m, job)
-    if missing and _rounds(job) < CATCH_UP_ROUNDS:
+    listed_all = int(job.result.get("unreadable_count", 0)) <= len(
+        job.result.get("unreadable", []))  # else some missing ones are unreadable: final
+    if missing and listed_all and _rounds(job) < CATCH_UP_ROUNDS:
         log.info("migration of %s: %d item(s) missed by the listing; backfilling them",
                  record.name, len(missing))
         added = await asyncio.to_thread(_write_shards, gateway, job, _plan(missing, 1))
@@ -305,6 +312,19 @@ async def retire(gateway: Gateway, gallery: str) -> tuple[GalleryRecord, Side]:
     return await asyncio.to_thread(gateway.registry.gallery, gallery), dropped
 
 
+async def cancel(gateway: Gateway, gallery: str) -> None:
+    """Abandon a backfilling migration: a running job is asked to stop (the applier then
+    undoes the migration); one whose backfill finished without a switch (its gate failed,
+    or items are unreadable) is undone now."""
+    record = await asyncio.to_thread(gateway.registry.gallery, gallery)
+    m = _state(record, "backfilling", "cancel")
+    job = await asyncio.to_thread(gateway.jobs.get, m.job)
+    if job.finished:
+        await abort(gateway, gallery, job.id)
+    else:
+        await asyncio.to_thread(gateway.jobs.cancel, job.id)
+
+
 async def view(gateway: Gateway, gallery: str) -> MigrationView:
     record = await asyncio.to_thread(gateway.registry.gallery, gallery)
     if record.migration is None:
@@ -335,7 +355,8 @@ def progress(job: Job) -> dict[str, Any]:
             "items_per_s": round(rate, 2) if rate else None,
             "eta_s": round(eta, 1) if eta is not None else None,
             "applied": int(job.result.get("applied", 0)),
-            "unreadable": len(job.result.get("unreadable", []))}
+            "unreadable": int(job.result.get("unreadable_count",
+                                             len(job.result.get("unreadable", []))))}
 
 
 def _state(record: GalleryRecord, state: str, action: str) -> Migration:

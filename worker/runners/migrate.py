@@ -159,7 +159,8 @@ def run_gate(ctx: JobContext) -> dict[str, Any]:
                 "switch with force=true and a reason to override"}
     ctx.heartbeat.progress = {"stage": "gate"}
     target = registry.artifact(m.version)
-    old = registry.artifact(_native_version(registry, gallery.history, m.source.space))
+    old = registry.artifact(_gallery_version(registry, ctx.job.result.get("embedded_by") or {},
+                                             gallery.history, m.source.space))
     dataset = ctx.open_dataset(validation, "validation")
     cells = compatibility_of_artifacts([old, target], dataset)["cells"]
     routed, migrated = cells[target.version_id][old.version_id], cells[target.version_id][
@@ -171,10 +172,16 @@ def run_gate(ctx: JobContext) -> dict[str, Any]:
             "validation": validation, "validation_items": len(dataset)}
 
 
-def _native_version(registry: Registry, history: Any, space: str) -> str:
-    """The version that embedded the source side: the latest one of the gallery's history
-    native to that space (else the newest registered one native to it)."""
+def _gallery_version(registry: Registry, embedded_by: dict[str, int], history: Any,
+                     space: str) -> str:
+    """The version that embedded most of the source side's items (counted when the items
+    were listed) if it is still registered and native to that space; else the latest of
+    the gallery's history native to it (else the newest registered one native to it)."""
     versions = {v.version_id: v for v in registry.versions()}  # retired ones are absent
+    for version in embedded_by:  # most items first
+        found = versions.get(version)
+        if found is not None and found.space == space:
+            return version
     for event in reversed(history):
         found = versions.get(event.version)
         if found is not None and found.space == space:

@@ -1,6 +1,6 @@
 """A gallery's migration into its active version's native space (admin): start it (a
-``migrate`` job), watch it, switch, roll back, retire the old side. Cancel it by
-cancelling its job (DELETE /v1/jobs/{id}): the target side is dropped."""
+``migrate`` job), watch it, switch, roll back, retire the old side, or cancel it before
+the switch (the target side is dropped; cancelling its job while it runs does the same)."""
 
 from __future__ import annotations
 
@@ -61,3 +61,11 @@ async def retire(gallery: str, gateway: GatewayDep, _: AdminDep) -> RetiredOut:
     record, dropped = await migration.retire(gateway, gallery)
     return RetiredOut(gallery=gallery, space=record.space,
                       dropped=SideOut(space=dropped.space, collection=dropped.collection))
+
+
+@router.post("/cancel", status_code=204)
+async def cancel(gallery: str, gateway: GatewayDep, _: AdminDep) -> None:
+    """Abandon a migration before its switch (a running backfill stops; one that finished
+    without switching is undone at once): the new side is dropped, the gallery serves as
+    before. 409 after the switch (roll back, then retire instead)."""
+    await migration.cancel(gateway, gallery)

@@ -50,6 +50,7 @@ class Stored:
     origin: dict[str, Any]
     payload: dict[str, Any]
     kinds: tuple[str, ...]
+    version: str | None = None  # the version that embedded it
 
 
 @dataclass(frozen=True)
@@ -309,7 +310,7 @@ def _stored(point: models.Record) -> Stored:
     payload = point.payload or {}
     return Stored(str(payload.get("item_id")), payload.get("etag"),
                   dict(payload.get("origin") or {}), dict(payload.get("payload") or {}),
-                  tuple(payload.get("kinds") or ()))
+                  tuple(payload.get("kinds") or ()), payload.get("version"))
 
 
 def _hit(point: models.ScoredPoint) -> Hit:
