@@ -315,3 +315,46 @@ def test_concurrent_writer_processes_lose_no_update(registry: Registry) -> None:
     assert names == {f"w{w}-{n}" for w in range(workers) for n in range(each)}
     assert registry.revision() == start + workers * each
     assert not list(registry.root.glob(".index.json.tmp-*"))
+
+
+def test_migration_states_are_one_atomic_update_each(registry: Registry,
+                                                     micro_versions: dict[str, Path],
+                                                     tmp_path: Path) -> None:
+    """begin -> switch -> rollback -> retire, and abort: each a Conflict out of order;
+    while two sides are kept, only a version embedding into both may serve."""
+    up = copy_as(micro_versions["v3"], tmp_path / "up", "up", gate={"passed": True},
+                 routes={"v3": {"kind": "native"}, "v1": {"kind": "adapter"}})
+    register_gated(registry, up)
+    registry.create_gallery("g", "v1", by="t", version="v1")
+    with pytest.raises(Conflict, match="already in space 'v1'"):
+        registry.begin_migration("g", job="j0", source="c-old", target="c-new", by="t")
+    registry.promote("g", "up", by="t")
+    record = registry.begin_migration("g", job="j1", source="c-old", target="c-new", by="t")
+    assert record.collection == "c-old" and record.migration.state == "backfilling"
+    assert [(s.space, s.collection) for s in record.sides()] == [("v1", "c-old"),
+                                                                ("v3", "c-new")]
+    with pytest.raises(Conflict, match="already has a migration"):
+        registry.begin_migration("g", job="j2", source="c-old", target="c-x", by="t")
+    with pytest.raises(Conflict, match="no route into \\['v3'\\]"):
+        registry.promote("g", "v2", by="t")  # v2 embeds into v1 only
+    with pytest.raises(Conflict, match="not switched"):
+        registry.rollback_migration("g", by="t")
+    with pytest.raises(Conflict, match="cancel its job j1"):
+        registry.end_migration("g", abort=False)
+
+    switched = registry.switch_migration("g", by="t")
+    assert (switched.space, switched.collection) == ("v3", "c-new")
+    assert [s.space for s in switched.sides()] == ["v3", "v1"]
+    assert switched.history[-1].action == "migrate" and switched.history[-1].space == "v3"
+    back = registry.rollback_migration("g", by="t", reason="check")
+    assert (back.space, back.collection, back.migration.state) == ("v1", "c-old", "rolled_back")
+    with pytest.raises(Conflict, match="retire it instead"):
+        registry.end_migration("g", abort=True)
+    ended, dropped = registry.end_migration("g", abort=False)
+    assert ended.migration is None and (dropped.space, dropped.collection) == ("v3", "c-new")
+    assert Registry(registry.root).gallery("g") == ended  # persisted, read back whole
+
+    registry.begin_migration("g", job="j3", source="c-old", target="c-new2", by="t")
+    aborted, dropped = registry.end_migration("g", abort=True)
+    assert aborted.migration is None and dropped.collection == "c-new2"
+    assert (aborted.space, aborted.collection) == ("v1", "c-old")

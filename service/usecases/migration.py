@@ -38,6 +38,7 @@ from service.state.jobs.specs import MigrateParams
 from service.state.jobs.store import Job
 from service.state.registry import GalleryRecord
 from service.state.registry.records import Migration, Side
+from service.state.registry.registry import require_migration
 
 log = logging.getLogger(__name__)
 CATCH_UP_ROUNDS = 3  # backfills of items the listing missed, before the switch gives up
@@ -57,16 +58,7 @@ def check_can_start(gateway: Gateway, gallery: str) -> None:
     """409s before anything is created: a migration is open, the gallery is already in
     its active version's space, or an ingest job of it is unfinished (its worker embeds
     for the sides it saw when it started)."""
-    record = gateway.registry.gallery(gallery)
-    if record.migration is not None:
-        m = record.migration
-        raise Conflict(f"gallery '{gallery}' already has a migration ({m.state}, job {m.job}); "
-                       f"finish it (switch, then retire) or cancel it first")
-    native = gateway.registry.version(record.active).space
-    if native == record.space:
-        raise Conflict(f"gallery '{gallery}' is already in space '{record.space}', the native "
-                       f"space of its active version '{record.active}'; promote the version "
-                       f"to migrate to first")
+    gateway.registry.check_can_migrate(gallery)
     busy = [j.id for j in gateway.jobs.list()
             if j.gallery == gallery and j.kind == "ingest" and not j.finished]
     if busy:
@@ -262,7 +254,7 @@ async def switch(gateway: Gateway, gallery: str, *, by: str, drop: list[str] | N
 def _locked_switch(gateway: Gateway, gallery: str, by: str, drop: list[str], force: bool,
                    reason: str | None) -> GalleryRecord:
     record = gateway.registry.gallery(gallery)
-    m = _state(record, "backfilling", "switch")
+    m = require_migration(record, "backfilling", "switch")
     job = gateway.jobs.get(m.job)
     if job.status != "succeeded":
         view = progress(job)
@@ -317,7 +309,7 @@ async def cancel(gateway: Gateway, gallery: str) -> None:
     undoes the migration); one whose backfill finished without a switch (its gate failed,
     or items are unreadable) is undone now."""
     record = await asyncio.to_thread(gateway.registry.gallery, gallery)
-    m = _state(record, "backfilling", "cancel")
+    m = require_migration(record, "backfilling", "cancel")
     job = await asyncio.to_thread(gateway.jobs.get, m.job)
     if job.finished:
         await abort(gateway, gallery, job.id)
@@ -357,16 +349,6 @@ def progress(job: Job) -> dict[str, Any]:
             "applied": int(job.result.get("applied", 0)),
             "unreadable": int(job.result.get("unreadable_count",
                                              len(job.result.get("unreadable", []))))}
-
-
-def _state(record: GalleryRecord, state: str, action: str) -> Migration:
-    m = record.migration
-    if m is None:
-        raise Conflict(f"gallery '{shown(record.name)}' has no migration to {action}")
-    if m.state != state:
-        raise Conflict(f"cannot {action} the migration of gallery '{record.name}': it is "
-                       f"{m.state}, not {state}")
-    return m
 
 
 def _gate_summary(gate: dict[str, Any]) -> str:

@@ -292,16 +292,17 @@ class Registry:
         def change(index: dict[str, Any]) -> GalleryRecord:
             record = _gallery(index, gallery)
             version = _version(index, record.active)
-            if record.migration is not None:
-                raise Conflict(_open_migration(record))
-            if version.space == record.space:
-                raise Conflict(f"gallery '{gallery}' is already in space '{record.space}', the "
-                               f"native space of its active version '{version.version_id}'; "
-                               f"promote the version to migrate to first")
+            _can_migrate(record, version)
             migration = Migration(job, version.version_id, Side(record.space, source),
                                   Side(version.space, target), "backfilling", utc_now(), by)
             return _save(index, replace(record, collection=source, migration=migration))
         return self.index.update(change)
+
+    def check_can_migrate(self, gallery: str) -> None:
+        """The Conflicts ``begin_migration`` would raise now, without changing anything."""
+        index = self.index.read()
+        record = _gallery(index, gallery)
+        _can_migrate(record, _version(index, record.active))
 
     def switch_migration(self, gallery: str, *, by: str, reason: str | None = None,
                          ) -> GalleryRecord:
@@ -309,7 +310,7 @@ class Registry:
         in one index update (a replica swaps to it whole, as for a promotion)."""
         def change(index: dict[str, Any]) -> GalleryRecord:
             record = _gallery(index, gallery)
-            m = _migration(record, "backfilling", "switch")
+            m = require_migration(record, "backfilling", "switch")
             event = Event("migrate", record.active, record.active, by, utc_now(), reason,
                           space=m.target.space)
             switched = replace(record, space=m.target.space, collection=m.target.collection,
@@ -322,7 +323,7 @@ class Registry:
         """switched -> rolled_back: the source side (space, collection, route) serves again."""
         def change(index: dict[str, Any]) -> GalleryRecord:
             record = _gallery(index, gallery)
-            m = _migration(record, "switched", "roll back")
+            m = require_migration(record, "switched", "roll back")
             active = _version(index, record.active)
             if m.source.space not in active.routes:
                 raise SpaceMismatch(_no_route(active, m.source.space))
@@ -416,7 +417,8 @@ def _newest_native(index: dict[str, Any], space: str) -> VersionRecord:
     return max(native, key=lambda v: v.registered_at)
 
 
-def _migration(record: GalleryRecord, state: str, action: str) -> Migration:
+def require_migration(record: GalleryRecord, state: str, action: str) -> Migration:
+    """The gallery's migration, in ``state``; Conflict naming ``action`` otherwise."""
     m = record.migration
     if m is None:
         raise Conflict(f"gallery '{record.name}' has no migration to {action}")
@@ -426,12 +428,18 @@ def _migration(record: GalleryRecord, state: str, action: str) -> Migration:
     return m
 
 
-def _open_migration(record: GalleryRecord) -> str:
+def _can_migrate(record: GalleryRecord, version: VersionRecord) -> None:
+    """Conflict while a migration is open, or when the gallery is already in the native
+    space of its active version (there is nothing to migrate to)."""
     m = record.migration
-    assert m is not None
-    return (f"gallery '{record.name}' already has a migration ({m.state}, job {m.job}, "
-            f"'{m.source.space}' -> '{m.target.space}'); finish it (switch, then retire) or "
-            f"cancel it first")
+    if m is not None:
+        raise Conflict(f"gallery '{record.name}' already has a migration ({m.state}, job "
+                       f"{m.job}, '{m.source.space}' -> '{m.target.space}'); finish it "
+                       f"(switch, then retire) or cancel it first")
+    if version.space == record.space:
+        raise Conflict(f"gallery '{record.name}' is already in space '{record.space}', the "
+                       f"native space of its active version '{version.version_id}'; promote "
+                       f"the version to migrate to first")
 
 
 def _serves_every_side(record: GalleryRecord, candidate: VersionRecord) -> None:
