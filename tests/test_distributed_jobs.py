@@ -88,3 +88,48 @@ def test_two_rank_jobs_register_gated_versions_and_cancel_cleanly(micro_versions
         too_many = submit(client, "continual", {**continual(world), "gpus": 64})
         done = until(client, too_many["id"], ("failed", "succeeded"), proc)
         assert done["status"] == "failed" and "gpus=64" in done["error"], done["error"]
+
+
+LAUNCHER = """
+import sys
+from pathlib import Path
+from tests.rank_entries import train_forever
+from training.distributed import launch
+launch(train_forever, Path(sys.argv[1]), gpus=2, device="cpu", threads=1)
+"""
+
+
+@pytest.mark.slow
+def test_ranks_die_with_a_killed_launcher(tmp_path: Path) -> None:
+    """A worker killed outright (SIGKILL to the task's process only) leaves no rank behind:
+    each rank dies with its launcher."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    repo = Path(__file__).resolve().parents[1]
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(tmp_path)], cwd=repo)
+    try:
+        wait_for(lambda: len(list(tmp_path.glob("rank*.pid"))) == 2, 120, "both ranks",
+                 launcher)
+        pids = [int(p.read_text()) for p in tmp_path.glob("rank*.pid")]
+        os.kill(launcher.pid, signal.SIGKILL)
+        launcher.wait()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() and
+                                                  _running(p) for p in pids):
+            time.sleep(0.2)
+        assert not [p for p in pids if _running(p)], "a rank outlived its launcher"
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
