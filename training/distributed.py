@@ -20,7 +20,7 @@ with the whole batch: parameters outside the feature path (the logit scale, TEIR
 temperature) included, without rescaling any loss. Gathering without gradients would
 give the features' owners only their own rows' paths; DDP's average then scales the
 encoders' gradients by 1/N but not the logit scale's. The cost is one reduce-scatter
-(all-to-all on gloo) of [B, D] feature gradients per step.
+of [B, D] feature gradients per step (torch's functional all-gather, whose backward it is).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
-import torch.distributed.nn.functional as dist_fn
+import torch.distributed._functional_collectives as functional_collectives
 import torch.multiprocessing as mp
 
 from training.errors import ConfigError, NobackfillError
@@ -135,8 +135,9 @@ def gather(features: torch.Tensor) -> torch.Tensor:
     world = World.current()
     if not world.distributed:
         return features
-    if features.requires_grad:
-        return torch.cat(dist_fn.all_gather(features), dim=0)
+    if features.requires_grad:  # backward: the gathered rows' gradients summed per owner
+        return functional_collectives.all_gather_single(features.contiguous(), 0,
+                                                        dist.group.WORLD)
     local = _to_comm(features, world)
     parts = [torch.empty_like(local) for _ in range(world.size)]
     dist.all_gather(parts, local)
