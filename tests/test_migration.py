@@ -165,6 +165,8 @@ def test_the_whole_story_through_the_api(micro_versions, world, up_version, tmp_
                     json={"ids": ["w0", "w1", "w40", "w47"]})
         progress = migration(client)["progress"]
         assert progress["total"] == ITEMS and progress["items_per_s"] > 0
+        in_job = job(client, started["id"])["progress"]  # the job API shows it too
+        assert in_job["total"] == ITEMS and in_job["done"] > 0 and "eta_s" in in_job
         assert progress["eta_s"] is not None and progress["stage"] == "backfill"
 
         done = wait_for(lambda: migration_where(client, "state", "switched"), 120,
@@ -275,6 +277,11 @@ def test_cancel_undoes_and_an_unreadable_source_blocks_the_switch(micro_versions
         assert r.status_code == 200 and r.json()["state"] == "switched", r.text
         assert "lost" not in stored_ids(values, r.json()["target"]["collection"], client)
         assert "lost" not in stored_ids(values, r.json()["source"]["collection"], client)
+        # Deleting a gallery whose migration keeps two sides drops both collections.
+        sides = [r.json()["source"]["collection"], r.json()["target"]["collection"]]
+        gone = client.delete("/v1/galleries/shapes", headers=ADMIN)
+        assert gone.status_code == 200, gone.text
+        assert not any(store.client.collection_exists(c) for c in sides)
 
 
 def test_bad_migration_requests_are_refused_before_anything_is_queued(

@@ -62,10 +62,10 @@ async def delete_gallery(gateway: Gateway, name: str, by: str) -> GalleryRecord:
                        f"cancel them or let them finish, then delete it")
     record = await asyncio.to_thread(gateway.registry.retire_gallery, name, by=by)
     await gateway.runtime.refresh()  # this replica stops serving it before it goes
-    for side in record.sides():  # a migrated gallery's collections are not its alias's
+    await asyncio.to_thread(gateway.store.drop, name)  # the alias and its collection
+    for side in record.sides():  # a migrating gallery's other side, a migrated one's own
         if side.collection != name:
             await asyncio.to_thread(gateway.store.drop_collection, side.collection)
-    await asyncio.to_thread(gateway.store.drop, name)
     await asyncio.to_thread(ThumbnailStore.of(gateway.settings).drop, name)
     await asyncio.to_thread(gateway.registry.forget_gallery, name)
     return record

@@ -54,4 +54,9 @@ class JobOut(BaseModel):
 
     @classmethod
     def of(cls, job: Job) -> JobOut:
-        return cls(**job.to_json())
+        data = job.to_json()
+        if job.kind == "migrate" and job.shards:  # done/total, items/s, ETA over the shards
+            from service.usecases.migration import progress
+
+            data["progress"] = {**job.progress, **progress(job)}
+        return cls(**data)
