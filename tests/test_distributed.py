@@ -28,6 +28,7 @@ from training.data import PairDataset, generate_items
 from training.distributed import (
     RankFailed,
     World,
+    check_batches,
     check_gpus,
     gather,
     launch,
@@ -274,6 +275,16 @@ def test_a_rank_takes_its_contiguous_shard_and_the_batch_must_split_evenly() -> 
 def test_bad_gpu_counts_are_named(gpus, device, needle) -> None:
     with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):
         check_gpus(gpus, device)
+
+
+def test_a_batch_the_ranks_cannot_split_is_named_before_anything_starts() -> None:
+    check_batches(4, batch_size=64, pretrain_batch_size=512)
+    check_batches(1, batch_size=7)
+    with pytest.raises(ConfigError, match="pretrain_batch_size=30 does not split evenly over "
+                                          "gpus=4; choose a multiple of 4"):
+        check_batches(4, batch_size=64, pretrain_batch_size=30)
+    with pytest.raises(ConfigError, match="gpus must be a whole number >= 1, got 0"):
+        check_batches(0, batch_size=8)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a CPU-only host")

@@ -39,6 +39,26 @@ def rank_processes(session: int) -> list[int]:
     return found
 
 
+@pytest.mark.parametrize("kind,params,needle", [
+    ("continual", {"gpus": 0}, "params.gpus: Input should be greater than or equal to 1"),
+    ("continual", {"gpus": 2, "batch_size": 9}, "batch_size=9 does not split evenly over gpus=2"),
+    ("xbt", {"gpus": 4, "config": {"pretrain_batch_size": 30}},
+     "pretrain_batch_size=30 does not split evenly over gpus=4"),
+])
+def test_gpus_that_cannot_split_the_batch_are_422(kind, params, needle, micro_versions, world,
+                                                  tmp_path) -> None:
+    values = job_settings(tmp_path / "data", world, broker=False, queue="training")
+    values |= {"broker_url": "redis://127.0.0.1:1/0"}  # unreachable: 422 must come first
+    base = continual(world) if kind == "continual" else {
+        "new": {"version": "v3"}, "corpus": "synth:10", "pairs": str(world)}
+    with gateway(values, micro_versions, world) as client:
+        r = client.post("/v1/jobs", headers=ADMIN, json={
+            "kind": kind, "gallery": "shapes", "params": {**base, **params}})
+        assert r.status_code == 422, r.text
+        assert needle in r.json()["error"]["message"]
+        assert client.get("/v1/jobs", headers=ADMIN).json() == []
+
+
 # Three 2-rank jobs, each starting two processes that import torch and open_clip: about
 # 3.5 minutes on a 2-core host, so it runs with the slow tests (make test-slow).
 @pytest.mark.slow

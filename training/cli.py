@@ -84,8 +84,10 @@ def model_spec_from(args: argparse.Namespace) -> Any:
 # ---------------------------------------------------------------- train-base
 def cmd_train_base(args: argparse.Namespace) -> int:
     from training.contrastive import train_contrastive
-    from training.distributed import train_artifact
+    from training.distributed import check_batches, train_artifact
     from training.trainer import TrainConfig
+
+    check_batches(args.gpus, batch_size=args.batch_size)
 
     cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                       weight_decay=args.weight_decay, warmup=args.warmup, seed=args.seed,
@@ -234,11 +236,12 @@ def new_model_from(args: argparse.Namespace) -> Any:
 
 def cmd_upgrade(args: argparse.Namespace) -> int:
     from training.artifacts import load_artifact
-    from training.distributed import train_artifact
+    from training.distributed import check_batches, train_artifact
     from training.xbt import get_upgrade
     from training.xbt.upgrade import upgrade
 
     cfg = get_upgrade(args.upgrade).configure(dict(args.settings))  # before any loading
+    check_batches(args.gpus, batch_size=cfg.batch_size, pretrain_batch_size=cfg.pretrain_batch_size)
     old, new = load_artifact(args.old), new_model_from(args)
     art = train_artifact(args.gpus, upgrade, {
         "old": old, "new": new, "corpus": args.corpus, "out": args.out, "cfg": cfg,
@@ -344,8 +347,9 @@ def cmd_continual(args: argparse.Namespace) -> int:
     from training.continual import get_strategy
     from training.continual.phase import run_phase
     from training.continual.strategy import PhaseOptions
-    from training.distributed import train_artifact
+    from training.distributed import check_batches, train_artifact
 
+    check_batches(args.gpus, batch_size=args.batch_size)
     overrides = dict(args.settings)
     for name in ("replay", "lr"):
         if getattr(args, name) is not None:

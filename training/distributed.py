@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import logging
 import os
 import queue
 import signal
@@ -45,8 +44,6 @@ import torch.distributed._functional_collectives as functional_collectives
 import torch.multiprocessing as mp
 
 from training.errors import ConfigError, NobackfillError
-
-log = logging.getLogger(__name__)
 
 
 class RankFailed(NobackfillError, RuntimeError):
@@ -112,6 +109,16 @@ class World:
         per = -(-rows // self.size)
         lo = min(self.rank * per, rows)
         return lo, min(lo + per, rows)
+
+
+def check_batches(gpus: int, **batches: int) -> None:
+    """ConfigError naming the first batch size (a global batch) that ``gpus`` ranks cannot
+    split evenly (or a ``gpus`` that is no count); run before any rank starts."""
+    _check_count(gpus)
+    for name, size in batches.items():
+        if gpus > 1 and size % gpus:
+            raise ConfigError(f"{name}={size} does not split evenly over gpus={gpus}; choose "
+                              f"a multiple of {gpus}")
 
 
 def global_batch_size(requested: int, available: int, world: World | None = None) -> int:
@@ -246,8 +253,7 @@ def rank_device(rank: int, device: str | None = None) -> torch.device:
 def check_gpus(gpus: int, device: str | None = None) -> str:
     """The backend for ``gpus`` ranks on this host (nccl or gloo); ConfigError when
     ``gpus`` is not a positive count or exceeds what the host has."""
-    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
-        raise ConfigError(f"gpus must be a whole number >= 1, got {gpus!r}")
+    _check_count(gpus)
     wanted = torch.device(device).type if device else None
     if wanted not in (None, "cpu", "cuda"):
         raise ConfigError(f"multi-rank training runs on cuda or cpu, not {device!r}")
@@ -264,6 +270,11 @@ def check_gpus(gpus: int, device: str | None = None) -> str:
         raise ConfigError(f"gpus={gpus} CPU ranks but this host has {cores} core(s); without "
                           f"CUDA each rank is a CPU process: ask for at most {cores}")
     return "gloo"
+
+
+def _check_count(gpus: int) -> None:
+    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
+        raise ConfigError(f"gpus must be a whole number >= 1, got {gpus!r}")
 
 
 def free_port() -> int:

@@ -16,10 +16,12 @@ def run_continual(ctx: JobContext) -> dict[str, Any]:
     from training.continual import get_strategy
     from training.continual.phase import run_phase
     from training.continual.strategy import PhaseOptions
+    from training.distributed import check_batches
 
     p = ContinualParams.model_validate(ctx.job.params)
     registry = Registry(ctx.settings.registry_dir)
     parent = registry.artifact(p.parent or registry.gallery(ctx.job.gallery).active)
+    check_batches(p.gpus, batch_size=p.batch_size)
     options = PhaseOptions(steps=p.steps, batch_size=p.batch_size, seed=p.seed, domain=p.domain,
                            language=p.language, version_id=p.version_id, show_progress=False)
     candidate = train_candidate(ctx, p.gpus, run_phase, parent=parent, method=p.method,

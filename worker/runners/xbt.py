@@ -13,16 +13,19 @@ from worker.runners.ranks import train_candidate
 
 
 def run_xbt(ctx: JobContext) -> dict[str, Any]:
+    from training.distributed import check_batches
     from training.xbt.config import XbtConfig
     from training.xbt.upgrade import upgrade
 
     p = XbtParams.model_validate(ctx.job.params)
+    cfg = XbtConfig.from_dict(p.config)
+    check_batches(p.gpus, batch_size=cfg.batch_size, pretrain_batch_size=cfg.pretrain_batch_size)
     registry = Registry(ctx.settings.registry_dir)
     gallery = registry.gallery(ctx.job.gallery)
     candidate = train_candidate(ctx, p.gpus, upgrade, old=registry.artifact(gallery.active),
                                 new=new_model(p.new, registry), corpus=p.corpus,
                                 pairs=ctx.open_dataset(p.pairs, "pairs"), out=ctx.out,
-                                cfg=XbtConfig.from_dict(p.config), version_id=p.version_id,
+                                cfg=cfg, version_id=p.version_id,
                                 target_space=gallery.space, show_progress=False)
     return admit(ctx, candidate)
 

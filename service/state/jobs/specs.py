@@ -59,12 +59,14 @@ class ContinualParams(Params):
 
     def check(self, registry: Registry, roots: Roots) -> None:
         from training.continual import get_strategy
+        from training.distributed import check_batches
 
         _dataset(roots, self.data, "data")
         _dataset(roots, self.validation, "validation")
         _version(registry, self.parent, "parent")
         try:
             get_strategy(self.method).Config.from_dict(self.config)
+            check_batches(self.gpus, batch_size=self.batch_size)
         except NobackfillError as exc:
             raise InvalidInput(f"continual job: {exc}") from exc
 
@@ -105,6 +107,7 @@ class XbtParams(Params):
     validation: str | None = None
 
     def check(self, registry: Registry, roots: Roots) -> None:
+        from training.distributed import check_batches
         from training.xbt.config import XbtConfig
 
         _dataset(roots, self.pairs, "pairs")
@@ -113,7 +116,9 @@ class XbtParams(Params):
             roots.file(self.corpus, "xbt job: corpus (a text file or synth:N)")
         self.new.check(registry, roots, "xbt")
         try:
-            XbtConfig.from_dict(self.config)  # strict: an unknown field is named
+            cfg = XbtConfig.from_dict(self.config)  # strict: an unknown field is named
+            check_batches(self.gpus, batch_size=cfg.batch_size,
+                          pretrain_batch_size=cfg.pretrain_batch_size)
         except NobackfillError as exc:
             raise InvalidInput(f"xbt job: config: {exc}") from exc
 
