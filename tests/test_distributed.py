@@ -79,11 +79,14 @@ def _phase(method: str, data: PairDataset, parent: Artifact, out: Path,
             "prior": data if method == "dns" else None}
 
 
-def _xbt(data: PairDataset, parent: Artifact, out: Path) -> dict[str, Any]:
-    cfg = XbtConfig(pretrain_steps=STEPS, pretrain_batch_size=BATCH, steps=STEPS,
-                    batch_size=BATCH, lora_dropout=0.0, anchor=True, pair_anchor=True, seed=5)
+def _xbt(data: PairDataset, parent: Artifact, out: Path, method: str = "xbt") -> dict[str, Any]:
+    anchors = method == "xbt"  # Direct trains against the old model and takes no anchors
+    cfg = XbtConfig(method=method, pretrain_steps=STEPS, pretrain_batch_size=BATCH, steps=STEPS,
+                    batch_size=BATCH, lora_dropout=0.0, anchor=anchors, pair_anchor=anchors,
+                    seed=5)
     return {"old": parent, "new": _spec(seed_width=32), "corpus": "synth:64", "pairs": data,
-            "out": out / "xbt", "cfg": cfg, "version_id": "v-xbt", "show_progress": False}
+            "out": out / method, "cfg": cfg, "version_id": f"v-{method}",
+            "show_progress": False}
 
 
 def _base(data: PairDataset, parent: Artifact, out: Path) -> dict[str, Any]:
@@ -102,6 +105,7 @@ RUNS = [
                                                 lambda_min_out=3e-3, adam_eps=1e-4)),
     ("teir", run_phase, lambda d, p, o: _phase("teir", d, p, o, lr=1e-2, max_merges=40)),
     ("xbt", upgrade, _xbt),
+    ("direct", upgrade, lambda d, p, o: _xbt(d, p, o, method="direct")),
 ]
 
 
@@ -196,11 +200,12 @@ def test_two_ranks_of_half_the_batch_train_what_one_process_trains(method, runs,
 
 
 def _moved(method: str, trained: Artifact, parent: Artifact) -> float:
-    """The largest change training made: XBT's LoRA B matrices (they start at zero; the
-    new model's own weights never change), else the weights against the parent's (a grown
+    """The largest change training made: an upgrade's LoRA B matrices (they start at zero;
+    the new model's own weights never change), else the weights against the parent's (a grown
     embedding compared on its original rows)."""
-    after = trained.tensors("adapters.safetensors" if method == "xbt" else "model.safetensors")
-    if method == "xbt":
+    is_upgrade = method in ("xbt", "direct")
+    after = trained.tensors("adapters.safetensors" if is_upgrade else "model.safetensors")
+    if is_upgrade:
         return max(float(v.abs().max()) for k, v in after.items() if "lora_B" in k)
     if method == "clip":  # trained from its seeded initialisation, not from the parent
         torch.manual_seed(0)
