@@ -43,7 +43,8 @@ def image_pixels(dataset: PairDataset, encoder: Encoder, show_progress: bool = F
                  desc: str = "preprocess") -> torch.Tensor:
     """[N, 3, H, W] float16 preprocessed images of a dataset."""
     rows = [encoder.preprocess(dataset.load_image(i).convert("RGB")).half()
-            for i in tqdm(range(len(dataset)), desc=desc, disable=not show_progress)]
+            for i in tqdm(range(len(dataset)), desc=desc,
+                          disable=not (show_progress and World.current().is_main))]
     if not rows:
         raise DataError("the dataset has no images")
     return torch.stack(rows)
