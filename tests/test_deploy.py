@@ -34,11 +34,12 @@ ENTRYPOINT = ROOT / "deploy" / "entrypoint.sh"
 SETTINGS = {f"NOBACKFILL_{name.upper()}": name for name in Settings.model_fields}
 
 # Settings the workers do not receive. A worker runs Celery tasks and serves no HTTP, so these
-# mean nothing there: the gateway's bind address, port, request log and numpy BLAS threads, and the API keys
+# mean nothing there: the gateway's bind address, port, request log, numpy BLAS threads and
+# the interval of its applier (it writes what workers spool), and the API keys
 # (checked only by the HTTP layer; keeping them off the GPU hosts exposes them less).
 GATEWAY_ONLY = {
     "NOBACKFILL_HOST", "NOBACKFILL_PORT", "NOBACKFILL_ACCESS_LOG", "NOBACKFILL_BLAS_THREADS",
-    "NOBACKFILL_ADMIN_API_KEYS", "NOBACKFILL_READ_API_KEY",
+    "NOBACKFILL_ADMIN_API_KEYS", "NOBACKFILL_READ_API_KEY", "NOBACKFILL_APPLY_INTERVAL_S",
 }
 # Nor the settings of the first-start demo (service/bootstrap.py): only `make serve` and the
 # compose file's one-shot `bootstrap` service run it; a worker never does.
