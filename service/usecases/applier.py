@@ -66,6 +66,8 @@ async def _tick(gateway: Gateway) -> None:
     for record in await asyncio.to_thread(gateway.registry.galleries):
         if record.migration is not None and record.migration.state == "backfilling":
             queue += await migration.drive(gateway, record)
+        elif record.migration is not None:
+            await migration.settle(gateway, record)
     for job_id, shard in queue:
         log.info("queueing shard %d of job %s", shard, job_id)
         await asyncio.to_thread(gateway.queue.send_shard, job_id, shard)

@@ -159,20 +159,34 @@ async def drive(gateway: Gateway, record: GalleryRecord) -> list[tuple[str, int]
     if not any(s.get("task") == "gate" for s in job.shards):
         added = await asyncio.to_thread(_write_shards, gateway, job, [[]], "gate")
         return [(job.id, n) for n in added]
-    result = {"missing": [i["id"] for i in missing][:1000], "missing_count": len(missing)}
-    await asyncio.to_thread(gateway.jobs.finish, job.id, "succeeded",
-                            result={**job.result, **result})
+    outcome: dict[str, Any] = {"missing": [i["id"] for i in missing][:1000],
+                               "missing_count": len(missing), "switched": False}
     if MigrateParams.model_validate(job.params).auto_switch:
-        try:
-            await switch(gateway, record.name, by=f"job:{job.id}",
+        try:  # the switch comes first, so a finished job says whether it switched
+            await switch(gateway, record.name, by=f"job:{job.id}", backfilled=True,
                          reason="auto_switch: every item has its new vector and the gate passed")
-            outcome: dict[str, Any] = {"switched": True}
+            outcome["switched"] = True
         except Conflict as exc:  # the gate failed or items are missing: the operator decides
             log.warning("migration of %s not switched: %s", record.name, exc.message)
-            outcome = {"switched": False, "switch_refused": exc.message}
-        await asyncio.to_thread(gateway.jobs.update, job.id,
-                                lambda j: _with_result(j, **outcome))
+            outcome["switch_refused"] = exc.message
+    else:
+        outcome["switch_refused"] = "auto_switch is off: switch with POST .../migration/switch"
+    await asyncio.to_thread(gateway.jobs.finish, job.id, "succeeded",
+                            result={**job.result, **outcome})
     return []
+
+
+async def settle(gateway: Gateway, record: GalleryRecord) -> None:
+    """A switched migration whose job is still open (the gateway stopped between the switch
+    and the job's end) ends its job."""
+    assert record.migration is not None
+    try:
+        job = await asyncio.to_thread(gateway.jobs.get, record.migration.job)
+    except NotFound:
+        return  # its record is gone: nothing to end
+    if not job.finished:
+        await asyncio.to_thread(gateway.jobs.finish, job.id, "succeeded",
+                                result={**job.result, "switched": True})
 
 
 def _with_result(job: Job, **fields: Any) -> Job:
@@ -239,12 +253,14 @@ def _locked_end(gateway: Gateway, gallery: str, abort: bool) -> Side | None:
 
 # ------------------------------------------------------------------ operator calls
 async def switch(gateway: Gateway, gallery: str, *, by: str, drop: list[str] | None = None,
-                 force: bool = False, reason: str | None = None) -> GalleryRecord:
+                 force: bool = False, reason: str | None = None,
+                 backfilled: bool = False) -> GalleryRecord:
     """Switch the gallery to the target side. Conflict while the backfill runs, while any
     item has no new vector (unless ``drop`` lists every such item: they are deleted from
-    both sides), or when the gate did not pass (unless ``force`` with a reason)."""
+    both sides), or when the gate did not pass (unless ``force`` with a reason).
+    ``backfilled``: the applier's auto switch, before it ends the job."""
     record = await asyncio.to_thread(_locked_switch, gateway, gallery, by, drop or [], force,
-                                     reason)
+                                     reason, backfilled)
     assert record.migration is not None
     await asyncio.to_thread(gateway.store.point_alias, gallery, record.migration.target.collection)
     await gateway.runtime.refresh()
@@ -252,11 +268,11 @@ async def switch(gateway: Gateway, gallery: str, *, by: str, drop: list[str] | N
 
 
 def _locked_switch(gateway: Gateway, gallery: str, by: str, drop: list[str], force: bool,
-                   reason: str | None) -> GalleryRecord:
+                   reason: str | None, backfilled: bool) -> GalleryRecord:
     record = gateway.registry.gallery(gallery)
     m = require_migration(record, "backfilling", "switch")
     job = gateway.jobs.get(m.job)
-    if job.status != "succeeded":
+    if job.status != "succeeded" and not backfilled:
         view = progress(job)
         raise Conflict(f"the backfill of gallery '{gallery}' is {job.status} ({view['done']}/"
                        f"{view['total']} items); switch when its job {job.id} has succeeded")
