@@ -54,7 +54,8 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--test-items", type=int, default=1000,
                    help="bench base's test set size (the first items of the gallery)")
     p.add_argument("--sample", type=int, default=10_000, help="items the route is fitted on")
-    p.add_argument("--batch-size", type=int, default=64, help="backfill items per forward")
+    p.add_argument("--batch-size", type=int, default=256,
+                   help="items per forward, of the backfill and of the encoder baseline")
     p.add_argument("--rate-limit", type=float, default=None,
                    help="run B's items/s (default: half of NEW's measured throughput)")
     p.add_argument("--clients", type=int, default=4, help="concurrent search clients")
@@ -82,7 +83,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     route = _fit_route(old, new, data, args, work)
     result["setup"] = _build(work, old, route, data, args)
     result["setup"]["seconds"] = round(time.perf_counter() - start, 1)
-    result["encoder"] = _encoder_throughput(new, data)
+    result["encoder"] = _encoder_throughput(new, data, batch=args.batch_size)
     rate = args.rate_limit or round(result["encoder"]["items_per_s"] / 2, 1)
     with _stack(work) as stack:
         result["run_a"] = stack.migrate(args.batch_size, 0.0)
