@@ -5,6 +5,8 @@ etag check against the writes of the items API, so none of them is lost or undon
 
 from __future__ import annotations
 
+import hashlib
+
 from filelock import FileLock
 
 from service.state.config import Settings
@@ -15,4 +17,6 @@ LOCKS = "locks"
 def gallery_lock(settings: Settings, gallery: str, timeout_s: float = 60.0) -> FileLock:
     folder = settings.registry_dir / LOCKS
     folder.mkdir(parents=True, exist_ok=True)
-    return FileLock(folder / f"gallery-{gallery}.lock", timeout=timeout_s, thread_local=False)
+    # Named by a digest: any gallery string makes a short, safe file name.
+    digest = hashlib.sha256(gallery.encode()).hexdigest()[:32]
+    return FileLock(folder / f"gallery-{digest}.lock", timeout=timeout_s, thread_local=False)
