@@ -394,17 +394,15 @@ def _recall(work: Path, old: Any, new: Any, route: Any, data: dict[str, Any],
     routed_q = load_encoder(route, old.space, "cpu")
     native = load_encoder(new, new.space, "cpu")
     new_own = native.encode_images(images)
+    old_texts = load_encoder(old, old.space, "cpu").encode_texts(texts)
+    new_texts = native.encode_texts(texts)
     cells = {
-        "old->old": cross_metrics(load_encoder(old, old.space, "cpu").encode_texts(texts),
-                                  old_images, old_images,
-                                  load_encoder(old, old.space, "cpu").encode_texts(texts),
-                                  relevance),
+        "old->old": cross_metrics(old_texts, old_images, old_images, old_texts, relevance),
         "routed new->old": cross_metrics(routed_q.encode_texts(texts),
-                                         routed_q.encode_images(images), old_images,
-                                         load_encoder(old, old.space, "cpu").encode_texts(texts),
+                                         routed_q.encode_images(images), old_images, old_texts,
                                          relevance),
-        "migrated new->new": cross_metrics(native.encode_texts(texts), new_own, new_images,
-                                           native.encode_texts(texts), relevance)}
+        "migrated new->new": cross_metrics(new_texts, new_own, new_images, new_texts,
+                                           relevance)}
     cosine = np.sum(new_images * new_own, axis=1)
     return {"cells": {k: {d: round(v[d]["R@1"], 4) for d in ("t2i", "i2t")}
                       for k, v in cells.items()},

@@ -33,6 +33,7 @@ from service.runtime.gateway import Gateway
 from service.state.errors import Conflict, GateFailed, InvalidInput, NotFound, shown
 from service.state.gallery.locks import gallery_lock
 from service.state.gallery.spool import origin_of, pending
+from service.state.gallery.store import Stored
 from service.state.jobs.shards import write_items
 from service.state.jobs.specs import MigrateParams
 from service.state.jobs.store import Job
@@ -104,10 +105,14 @@ def _listing(gateway: Gateway, gallery: str,
     with gallery_lock(gateway.settings, gallery):
         stored = gateway.store.stored(collection)
     versions = Counter(str(s.version) for s in stored.values() if s.version)
-    return ([{"id": s.id, "etag": s.etag, "kinds": list(s.kinds),
-              "origin": origin_of(s.kinds, s.origin, s.payload)}
-             for s in sorted(stored.values(), key=lambda s: s.id)],
+    return ([_backfill_item(s) for s in sorted(stored.values(), key=lambda s: s.id)],
             dict(versions.most_common()))
+
+
+def _backfill_item(stored: Stored) -> dict[str, Any]:
+    """What a shard needs of an item: id, the etag it was read with, kinds, origin."""
+    return {"id": stored.id, "etag": stored.etag, "kinds": list(stored.kinds),
+            "origin": origin_of(stored.kinds, stored.origin, stored.payload)}
 
 
 def _plan(items: list[dict[str, Any]], shards: int) -> list[list[dict[str, Any]]]:
@@ -217,9 +222,8 @@ def _reconcile(gateway: Gateway, m: Migration, job: Job,
         gateway.store.delete(m.target.collection, extra)
     unreadable = ({u["id"] for u in job.result.get("unreadable", [])} if skip_unreadable
                   else set())
-    return [{"id": s.id, "etag": s.etag, "kinds": list(s.kinds),
-             "origin": origin_of(s.kinds, s.origin, s.payload)}
-            for i, s in sorted(source.items()) if i not in target and i not in unreadable]
+    return [_backfill_item(s) for i, s in sorted(source.items())
+            if i not in target and i not in unreadable]
 
 
 async def abort(gateway: Gateway, gallery: str, job_id: str) -> None:

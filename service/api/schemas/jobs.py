@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.state.jobs import JOB_KINDS, Job
+from service.usecases.migration import progress
 
 JobKind = Literal[tuple(JOB_KINDS)]  # type: ignore[valid-type]  # the one table of kinds
 
@@ -56,7 +57,5 @@ class JobOut(BaseModel):
     def of(cls, job: Job) -> JobOut:
         data = job.to_json()
         if job.kind == "migrate" and job.shards:  # done/total, items/s, ETA over the shards
-            from service.usecases.migration import progress
-
             data["progress"] = {**job.progress, **progress(job)}
         return cls(**data)

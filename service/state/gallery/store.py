@@ -248,15 +248,7 @@ class GalleryStore:
 
     def points(self, gallery: str, page: int = 1000) -> list[tuple[str, dict[str, Any]]]:
         """(item id, caller payload) of every stored item, without vectors."""
-        out, offset = [], None
-        while True:
-            with self._call(gallery):
-                batch, offset = self.client.scroll(gallery, limit=page, offset=offset,
-                                                   with_payload=True, with_vectors=False)
-            out += [(str((p.payload or {}).get("item_id")), _caller_payload(p.payload or {}))
-                    for p in batch]
-            if offset is None:
-                return out
+        return [(item.id, item.payload) for item in self.stored(gallery, page=page).values()]
 
     def vectors(self, gallery: str, ids: Sequence[str]) -> dict[str, dict[str, np.ndarray]]:
         """Item id -> kind -> [D] stored vector, for the given items."""
@@ -299,11 +291,6 @@ def _point(item: Item, version: str, space: str) -> models.PointStruct:
                "origin": dict(item.origin or {}), "etag": item.etag or uuid.uuid4().hex}
     vectors = {kind: v.astype(np.float32).tolist() for kind, v in item.vectors.items()}
     return models.PointStruct(id=point_id(item.id), vector=vectors, payload=payload)
-
-
-def _caller_payload(stored: Mapping[str, Any]) -> dict[str, Any]:
-    """The item's own payload (caption, domain, source, ...) inside the stored record."""
-    return dict(stored.get("payload") or {})
 
 
 def _stored(point: models.Record) -> Stored:
