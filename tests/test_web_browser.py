@@ -295,6 +295,11 @@ def test_promote_and_roll_back_from_the_page(page: Any, live: Live) -> None:
     # Forced past the gate with a reason: shown as forced, with who, wherever a gate shows.
     page.fill("#version-detail input[name=reason]", "drill")
     page.check("#version-detail input[name=force]")
+    # A redraw (the reload after the refused call, or picking the version again) keeps
+    # what was typed.
+    page.click("#lineage button[data-version='v1.2']")
+    expect(page.locator("#version-detail input[name=reason]")).to_have_value("drill")
+    expect(page.locator("#version-detail input[name=force]")).to_be_checked()
     page.click("#version-detail button:text('Promote v1.2')")
     active = page.locator("#galleries tr[data-gallery=shapes] .active-version")
     expect(active).to_have_text("v1.2")

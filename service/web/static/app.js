@@ -22,6 +22,7 @@ const state = {
   openJob: null,    // job shown in the jobs detail panel
   migrations: {},   // gallery -> GET .../migration, for galleries with an open migration
   migrationForms: {},  // gallery -> {reason, force, drop} typed in its panel
+  swapForms: {},    // version -> {gallery, reason, force} typed in its promote form
   shown: {galleries: "", migrations: ""},  // what was last drawn (redraw only on change)
   pollTimer: null,
   pollRun: 0,       // bumped on every stop, so a poll still in flight does not re-arm
@@ -432,14 +433,26 @@ function versionDetail(version) {
     gateReport(gateOf(version)));
 }
 
-/** Promote the version into a gallery, or roll the gallery back to it. */
+/** Promote the version into a gallery, or roll the gallery back to it. What is typed is
+ * kept in ``state.swapForms`` so a redraw (a reload after another call) does not lose it;
+ * a swap the server accepted clears it. */
 function swapForm(versionId) {
-  const gallery = el("select", {name: "gallery"}, state.galleries.map((g) =>
-    el("option", {value: g.name}, `${g.name} (active ${g.active})`)));
-  const reason = el("input", {name: "reason", placeholder: "reason"});
-  const force = el("input", {type: "checkbox", name: "force"});
-  const act = (action) => swap(action, versionId, gallery.value, reason.value.trim(),
-    force.checked, "models-status").then(() => loadModels(true));
+  if (!state.swapForms[versionId]) state.swapForms[versionId] = {};
+  const form = state.swapForms[versionId];
+  const gallery = el("select", {name: "gallery",
+    onchange: () => { form.gallery = gallery.value; }}, state.galleries.map((g) =>
+    el("option", {value: g.name, selected: g.name === form.gallery},
+      `${g.name} (active ${g.active})`)));
+  const reason = el("input", {name: "reason", placeholder: "reason", value: form.reason ?? "",
+    oninput: () => { form.reason = reason.value; }});
+  const force = el("input", {type: "checkbox", name: "force", checked: !!form.force,
+    onchange: () => { form.force = force.checked; }});
+  const act = async (action) => {
+    const done = await swap(action, versionId, gallery.value, reason.value.trim(),
+      force.checked, "models-status");
+    if (done) delete state.swapForms[versionId];
+    await loadModels(true);
+  };
   return el("div", {class: "swap"},
     el("label", {}, "Gallery ", gallery), reason,
     el("label", {class: "check"}, force, " force (skip the gate)"),
@@ -448,18 +461,20 @@ function swapForm(versionId) {
     el("button", {type: "button", onclick: () => act("rollback")}, `Roll back to ${versionId}`));
 }
 
+/** Send a promote or rollback; true when the server accepted it. */
 async function swap(action, versionId, gallery, reason, force, statusId) {
   if (!gallery) {
     setStatus(statusId, "Pick a gallery.", "error");
-    return;
+    return false;
   }
   const body = action === "promote" ? {gallery, force, reason: reason || null}
     : {gallery, reason: reason || null};
-  await guarded(statusId, async () => {
+  return await guarded(statusId, async () => {
     const record = await api(`/v1/models/${enc(versionId)}/${action}`,
       {method: "POST", json: body});
     setStatus(statusId, `${record.name} is now served by ${record.active}.`, "ok");
-  });
+    return true;
+  }) ?? false;
 }
 
 // ------------------------------------------------------------------ jobs
