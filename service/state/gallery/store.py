@@ -23,6 +23,7 @@ from qdrant_client import QdrantClient, models
 from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
 from service.state.errors import Conflict, Unavailable
+from service.state.gallery.client import tune_local_writes
 from service.state.gallery.ids import point_id
 
 KINDS = ("image", "text")
@@ -173,11 +174,13 @@ class GalleryStore:
     def upsert(self, gallery: str, items: Sequence[Item], version: str, space: str) -> None:
         points = [_point(item, version, space) for item in items]
         with self._call(gallery):
+            tune_local_writes(self.client, gallery)
             self.client.upsert(gallery, points=points, wait=True)
 
     def delete(self, gallery: str, ids: Sequence[str]) -> None:
         selector = models.PointIdsList(points=[point_id(i) for i in ids])
         with self._call(gallery):
+            tune_local_writes(self.client, gallery)
             self.client.delete(gallery, points_selector=selector, wait=True)
 
     def count(self, gallery: str) -> int:
