@@ -88,7 +88,7 @@ def _xbt(data: PairDataset, parent: Artifact, out: Path, method: str = "xbt") ->
     anchors = method == "xbt"  # Direct trains against the old model and takes no anchors
     cfg = XbtConfig(method=method, pretrain_steps=STEPS, pretrain_batch_size=BATCH, steps=STEPS,
                     batch_size=BATCH, lora_dropout=0.0, anchor=anchors, pair_anchor=anchors,
-                    seed=5)
+                    seed=5, select_every=0)
     return {"old": parent, "new": _spec(seed_width=32), "corpus": "synth:64", "pairs": data,
             "out": out / method, "cfg": cfg, "version_id": f"v-{method}",
             "show_progress": False}

@@ -31,7 +31,10 @@ from training.xbt.config import XbtConfig
 from training.xbt.projector import Projector, ProjectorHead, to_old_space
 from training.xbt.prompts import VisualPrompts
 
-TINY = {"pretrain_steps": 2, "pretrain_batch_size": 16, "steps": 1, "batch_size": 8}
+# The paper's stage 2 (no validation selection): these tests check the method's mechanics;
+# tests/test_xbt_selection.py checks the selection.
+TINY = {"pretrain_steps": 2, "pretrain_batch_size": 16, "steps": 1, "batch_size": 8,
+        "select_every": 0}
 CORPUS = [f"a {c} {s}" for c in ("red", "blue", "green", "yellow") for s in ("circle", "square",
                                                                              "star", "heart")] * 3
 
@@ -454,12 +457,14 @@ def test_cli_upgrade_then_eval_and_missing_images(bases, tmp_path, capsys) -> No
     corpus.write_text("\n".join(CORPUS))
     common = ["upgrade", "xbt", "--old", str(bases["v1"].path), "--corpus", str(corpus),
               "--set", "pretrain_steps=2", "--set", "pretrain-batch-size=8", "--set", "steps=1",
-              "--set", "batch_size=8", "--json"]
+              "--set", "batch_size=8", "--preset", "paper", "--json"]
     assert main([*common, "--new", str(bases["new"].path), "--pairs", str(data),
                  "--out", str(tmp_path / "v2"), "--version-id", "v2", "--set", "prompts=0"]) == 0
     manifest = json.loads(capsys.readouterr().out)
     assert manifest["routes"]["v1"]["adapter_config"]["prompts"] == 0
     assert manifest["hyperparameters"]["pretrain_steps"] == 2
+    assert manifest["hyperparameters"]["select_every"] == 0  # --preset paper: no selection
+    assert "selection" not in manifest["metrics"] and manifest["metrics"]["pair_images"] == 24
     assert main(["eval", str(bases["v1"].path), str(tmp_path / "v2"), "--data", str(data),
                  "--json"]) == 0
     matrix = json.loads(capsys.readouterr().out)

@@ -238,15 +238,19 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
     from training.artifacts import load_artifact
     from training.distributed import check_batches, train_artifact
     from training.xbt import get_upgrade
+    from training.xbt.config import PRESETS
     from training.xbt.upgrade import upgrade
 
-    cfg = get_upgrade(args.upgrade).configure(dict(args.settings))  # before any loading
+    settings = {**PRESETS[args.preset or "default"], **dict(args.settings)}
+    cfg = get_upgrade(args.upgrade).configure(settings)  # before any loading
     check_batches(args.gpus, batch_size=cfg.batch_size, pretrain_batch_size=cfg.pretrain_batch_size)
     old, new = load_artifact(args.old), new_model_from(args)
     art = train_artifact(args.gpus, upgrade, {
         "old": old, "new": new, "corpus": args.corpus, "out": args.out, "cfg": cfg,
         "pairs": open_dataset(args.pairs, args.skip_bad), "version_id": args.version_id,
-        "target_space": args.target_space}, device=args.device)
+        "target_space": args.target_space,
+        "validation": open_dataset(args.validation, args.skip_bad) if args.validation else None,
+        }, device=args.device)
     emit(args, art.manifest, f"wrote {art.version_id} to {art.path}: space '{art.space}', "
          f"route into '{art.manifest['target_space']}'\n"
          + json.dumps(art.manifest["metrics"], indent=2))
@@ -264,11 +268,19 @@ def add_new_model_options(p: argparse.ArgumentParser) -> None:
 
 def add_upgrade_inputs(p: argparse.ArgumentParser) -> None:
     """What every upgrade method reads and writes, whatever the method."""
+    from training.xbt.config import PRESETS  # torch-free
+
     p.add_argument("--old", required=True, help="artifact of the old version (gallery model)")
     add_new_model_options(p)
     p.add_argument("--corpus", required=True,
                    help="stage 1 captions: a text file, one caption per line, or synth:N")
     p.add_argument("--pairs", required=True, help="paired set: manifest or dataset directory")
+    p.add_argument("--validation", help="xbt: the split stage 2's checkpoints are scored on "
+                                        "(select_every; never the test set); default: "
+                                        "select_holdout of --pairs, held out of training")
+    p.add_argument("--preset", choices=sorted(PRESETS), help="a named configuration; --set "
+                                                           "values apply on top (paper: the "
+                                                           "paper's recipe, no selection)")
     p.add_argument("--out", required=True, help="artifact directory to create")
     p.add_argument("--version-id", help="default: generated")
     p.add_argument("--target-space", help="space to map into (default: the old version's root)")

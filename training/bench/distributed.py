@@ -55,8 +55,10 @@ def _xbt(ranks: int, args: argparse.Namespace, data: PairDataset, old: Any, out:
     from training.xbt.config import XbtConfig
     from training.xbt.upgrade import upgrade
 
+    # select_every=0: this bench times stage 2 and compares the trained adapters over ranks
     cfg = XbtConfig(pretrain_steps=XBT_PRETRAIN_STEPS, pretrain_batch_size=args.batch_size,
-                    steps=args.steps, batch_size=args.batch_size, lora_dropout=0.0)
+                    steps=args.steps, batch_size=args.batch_size, lora_dropout=0.0,
+                    select_every=0)
     return train_artifact(ranks, upgrade, {
         "old": old, "new": ModelSpec.from_json(config_path("tiny-new-bench")), "corpus": CORPUS,
         "pairs": data, "out": out / f"xbt-{ranks}", "cfg": cfg, "version_id": f"xbt-{ranks}",

@@ -138,12 +138,11 @@ def train_variant(p: Any, phi: Any, cfg: XbtConfig, anchors: Any, out: Path,
                   name: str, slerp_t: float = 0.0) -> tuple[Any, float, Any]:
     """Stage 2 from the shared stage-1 phi; writes the version; (artifact, seconds, and the
     same trained route SLERP-mixed with OLD as a second version when ``slerp_t`` > 0)."""
-    from training.xbt.upgrade import result_metrics, train_stage2, write_upgrade
+    from training.xbt.upgrade import train_stage2, write_upgrade
 
     start = time.perf_counter()
-    result = train_stage2(p.adapters, phi, p.pairs, cfg, anchors)
+    metrics = train_stage2(p.adapters, phi, p.pairs, cfg, anchors).metrics()
     seconds = time.perf_counter() - start
-    metrics = {"stage2": result_metrics(result)}
     art = write_upgrade(p, phi, cfg, metrics, out / name, version_id=name)
     mixed = (write_upgrade(p, phi, replace(cfg, slerp_t=slerp_t), metrics, out / f"{name}-slerp",
                            version_id=f"{name}-slerp") if slerp_t > 0 else None)

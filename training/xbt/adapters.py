@@ -130,6 +130,7 @@ class Adapters:
                  layer_norms: list[AdaptedLayerNorm], prompts: VisualPrompts | None) -> None:
         self.model, self.cfg = model, cfg
         self.layer_norms, self.prompts = layer_norms, prompts
+        self.enabled = True  # whether the model computes with its adapters (``set_enabled``)
 
     @classmethod
     def attach(cls, model: nn.Module, cfg: AdapterConfig) -> Adapters:
@@ -190,17 +191,20 @@ class Adapters:
             norm.enabled = enabled
         if self.prompts is not None:
             self.prompts.enabled = enabled
+        self.enabled = enabled
         if enabled:  # peft's toggle also flips requires_grad; restore the training contract
             self.freeze_base()
 
     @contextmanager
     def disabled(self) -> Iterator[None]:
-        """The off-the-shelf model inside the block; adapters back on afterwards."""
+        """The off-the-shelf model inside the block; the adapters switched back as they
+        were afterwards."""
+        was = self.enabled
         self.set_enabled(False)
         try:
             yield
         finally:
-            self.set_enabled(True)
+            self.set_enabled(was)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, torch.Tensor]:

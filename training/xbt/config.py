@@ -52,6 +52,13 @@ class AdapterConfig(MethodConfig):
             raise ConfigError(f"lora_targets is not a valid regex: {exc}") from exc
 
 
+# Named configurations (``XbtConfig.preset``, ``nobackfill upgrade xbt --preset NAME``):
+# settings on top of the defaults. "paper" is the method exactly as the paper describes it
+# (METHODS.md, XBT): stage 2 runs to its last step, nothing selected; "default" is the
+# library's defaults (stage 2 selected on validation, ``select_every``).
+PRESETS: dict[str, dict[str, Any]] = {"default": {}, "paper": {"select_every": 0}}
+
+
 @dataclass
 class XbtConfig(MethodConfig):
     """Hyperparameters of an XBT upgrade (or of the Direct baseline with ``method="direct"``).
@@ -107,6 +114,18 @@ class XbtConfig(MethodConfig):
                                   "linear skip branch set to the orthogonal Procrustes fit of "
                                   "stage 1's cached text pairs (fc3 zeroed), so stage 1 starts "
                                   "from the closed-form map")
+    select_every: int = setting(25, "stage 2 validation selection: every N steps (and at the "
+                                    "last one) score the route new->old R@1 both directions on a "
+                                    "validation split against the old version's embeddings of it "
+                                    "(cached in stage 1), with stage 1 alone (adapters off) as "
+                                    "step 0; the best checkpoint becomes the artifact's route "
+                                    "(best: highest mean of t2i and i2t R@1 among the "
+                                    "checkpoints no worse than step 0 in either direction; a "
+                                    "tie goes to the earlier step). 0 turns it off (the paper)")
+    select_holdout: float = setting(0.1, "share of the paired set's images (with their captions) "
+                                         "held out, never trained on, as the validation split of "
+                                         "select_every when no validation set is given; 0: no "
+                                         "selection without a validation set")
     slerp_t: float = setting(0.0, "SLERP mixing of the route (SLERP-BC): a query is "
                                   "slerp(phi(new(q)), old(q), t); 0 turns it off. On, the "
                                   "artifact carries the old model's weights and the route "
@@ -120,6 +139,12 @@ class XbtConfig(MethodConfig):
                               f"{self.slerp_t}")
         if self.init not in INITS:
             raise ConfigError(f"init must be one of {INITS}, got {self.init!r}")
+        if self.select_every < 0:
+            raise ConfigError(f"select_every must be >= 0 (0 turns selection off), got "
+                              f"{self.select_every}")
+        if not 0 <= self.select_holdout < 1:
+            raise ConfigError(f"select_holdout is a share of the paired set in [0, 1), got "
+                              f"{self.select_holdout}")
         if self.noise_sigma < 0:
             raise ConfigError(f"noise_sigma must be >= 0, got {self.noise_sigma}")
         for name in ("pretrain_lr", "lr", "prompt_lr"):
@@ -134,6 +159,14 @@ class XbtConfig(MethodConfig):
         self.adapter_config()  # validates the LoRA / prompt fields
         self.pretrain_config()  # validates steps, batch sizes, warmup and schedule
         self.stage2_config()
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> XbtConfig:
+        """A named configuration (``PRESETS``) with ``overrides`` on top (strict, as
+        ``from_dict``)."""
+        if name not in PRESETS:
+            raise ConfigError(f"unknown XBT preset {name!r}; known: {', '.join(PRESETS)}")
+        return cls.from_dict({**PRESETS[name], **overrides})
 
     @property
     def logit_scale(self) -> float:

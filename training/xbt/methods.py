@@ -23,21 +23,23 @@ if TYPE_CHECKING:
 @register_upgrade("xbt")
 class Xbt(UpgradeMethod):
     """Stage 1 pretrains phi on cached text embeddings; stage 2 trains the adapters and
-    phi's LayerNorms on image-text pairs without the old model."""
+    phi's LayerNorms on image-text pairs without the old model, and (``select_every``)
+    keeps its best checkpoint on a validation split, stage 1 alone included."""
 
     summary = "cross-modal backward-compatible training (XBT): text-only phi, then pairs"
     Config = XbtConfig
     config: XbtConfig
+    selects = True
 
     def train(self, p: Prepared, show_progress: bool = True,
               on_progress: Callable[[Progress], None] | None = None,
               ) -> tuple[Projector, dict[str, Any]]:
-        from training.xbt.upgrade import result_metrics, stage1, train_stage2
+        from training.xbt.upgrade import stage1, train_stage2
 
         phi, anchors, pretrain = stage1(p, self.config, show_progress, on_progress)
-        result = train_stage2(p.adapters, phi, p.pairs, self.config, anchors, show_progress,
+        stage2 = train_stage2(p.adapters, phi, p.pairs, self.config, anchors, show_progress,
                               on_progress)
-        return phi, {"pretrain": pretrain, "stage2": result_metrics(result)}
+        return phi, {"pretrain": pretrain, **stage2.metrics()}
 
 
 @register_upgrade("direct")

@@ -33,6 +33,9 @@ class UpgradeMethod:
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""  # one line: the method's entry in ``nobackfill upgrade -h``
     Config: ClassVar[type[MethodConfig]] = MethodConfig
+    # Whether the method picks its route on a validation split (``select_every``): ``prepare``
+    # holds pairs out for that only when the method uses them.
+    selects: ClassVar[bool] = False
 
     def __init__(self, config: MethodConfig) -> None:
         if not isinstance(config, self.Config) or getattr(config, "method", self.name) != self.name:

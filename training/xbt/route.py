@@ -3,7 +3,8 @@
 ``training.versions.load_encoder(artifact, space=target)`` imports this module on first
 use. The encoder it returns embeds through the version's base model with its adapters
 (LoRA, LayerNorm deltas, visual prompts) switched on, then phi; the version's native
-route stays the untouched base model.
+route stays the untouched base model. A route whose ``adapters`` is None (stage 2's
+validation selection kept stage 1 alone) is phi on the untouched base model.
 """
 
 from __future__ import annotations
@@ -50,7 +51,9 @@ def load_projector_route(artifact: Artifact, route: dict,
     for key in ("adapters", "projector", "adapter_config", "projector_dims"):
         if key not in route:
             raise ArtifactError(f"version '{artifact.version_id}': projector route lacks '{key}'")
-    model, _ = adapted_model(artifact, route)
+    # adapters None: stage 2's selection kept stage 1 alone, phi on the untouched base model
+    model = (adapted_model(artifact, route)[0] if route["adapters"] is not None
+             else native_model(artifact).eval())
     head = ProjectorHead(load_projector(artifact, route))
     # One head object for both towers: phi is shared by images and texts (XBT eq. 4).
     routed = Encoder(model, create_tokenizer(artifact_spec(artifact)), device,

@@ -59,6 +59,7 @@ from training.xbt.inputs import (
 )
 from training.xbt.projector import Projector, to_old_space
 from training.xbt.registry import get_upgrade
+from training.xbt.selection import GIVEN, HELD_OUT, Selector, ValidationSet, hold_out
 
 OnProgress = Callable[[Progress], None] | None
 
@@ -147,15 +148,20 @@ class PairAnchor:
 
 @dataclass
 class Anchors:
-    """Old embeddings that stage 2 may anchor to; either part is None when not configured."""
+    """Old embeddings stage 1 cached for stage 2; each part is None when not configured:
+    the anchoring terms' (``corpus``, ``pairs``), and the validation split's, which stage 2
+    scores its checkpoints against (``validation``, ``select_every``; not a loss term)."""
 
     corpus: Anchor | None = None
     pairs: PairAnchor | None = None
+    validation: ValidationSet | None = None
 
     def for_config(self, cfg: XbtConfig) -> Anchors:
-        """The parts ``cfg`` asks for (``anchor``, ``pair_anchor``); the rest is dropped."""
+        """The parts ``cfg`` asks for (``anchor``, ``pair_anchor``, ``select_every``); the
+        rest is dropped."""
         return Anchors(self.corpus if cfg.anchor else None,
-                       self.pairs if cfg.pair_anchor else None)
+                       self.pairs if cfg.pair_anchor else None,
+                       self.validation if cfg.select_every > 0 else None)
 
 
 class XbtTask:
@@ -218,23 +224,53 @@ def stage2_groups(adapters: Adapters, phi: Projector, cfg: XbtConfig,
     return groups
 
 
+@dataclass
+class Stage2:
+    """What stage 2 did: its training run, and (``select_every``) the validation curve and
+    the chosen step (``training.xbt.selection``)."""
+
+    result: TrainResult
+    selection: dict[str, Any] | None = None
+
+    def metrics(self) -> dict[str, Any]:
+        """The artifact's ``stage2`` metrics, and its ``selection`` when stage 2 selected."""
+        out: dict[str, Any] = {"stage2": result_metrics(self.result)}
+        if self.selection is not None:
+            out["selection"] = self.selection
+        return out
+
+
 def train_stage2(adapters: Adapters, phi: Projector, pairs: PairTensors, cfg: XbtConfig,
                  anchors: Anchors | None = None, show_progress: bool = True,
-                 on_progress: OnProgress = None) -> TrainResult:
+                 on_progress: OnProgress = None) -> Stage2:
     """Stage 2 on image-text pairs (``adapters.model`` is the new model). Takes no old
-    model: XBT never runs it here."""
+    model: XBT never runs it here. With ``cfg.select_every`` and a validation split in
+    ``anchors``, the route is scored at step 0 (stage 1 alone) and every ``select_every``
+    steps, and the best checkpoint is put back into ``adapters`` and ``phi`` at the end
+    (adapters switched off when it is step 0). Under torch.distributed rank 0 selects: it
+    alone writes the artifact."""
     model = adapters.model
+    anchors = (anchors or Anchors()).for_config(cfg)
+    selector = (Selector(anchors.validation, adapters, phi, cfg.select_every)
+                if anchors.validation is not None and World.current().is_main else None)
+    if selector is not None:
+        selector.stage1()
     groups = stage2_groups(adapters, phi, cfg, train_phi="layer_norms")
+    train_cfg = cfg.stage2_config()
+    if selector is not None:
+        train_cfg = replace(train_cfg, checkpoint_every=cfg.select_every)
     adapters.train_mode()
     phi.train()
     try:
-        return train(XbtTask(model, phi, pairs, cfg, anchors),
-                     pair_index_batches(pairs, cfg.batch_size, cfg.seed), groups,
-                     cfg.stage2_config(), desc="xbt stage 2 (pairs)", show_progress=show_progress,
-                     on_progress=on_progress)
+        result = train(XbtTask(model, phi, pairs, cfg, anchors),
+                       pair_index_batches(pairs, cfg.batch_size, cfg.seed), groups, train_cfg,
+                       desc="xbt stage 2 (pairs)", show_progress=show_progress,
+                       on_progress=on_progress,
+                       on_checkpoint=selector.at_step if selector is not None else None)
     finally:
         model.eval()
         phi.eval()
+    return Stage2(result, selector.finish(result.steps) if selector is not None else None)
 
 
 # ---------------------------------------------------------------------------- Direct
@@ -299,6 +335,7 @@ class Prepared:
     dataset: PairDataset
     pairs: PairTensors  # new-model preprocessing and tokens
     device: torch.device
+    validation: ValidationSet | None = None  # what stage 2 selects on (``select_every``)
 
     @property
     def new_dim(self) -> int:
@@ -307,13 +344,28 @@ class Prepared:
 
 def prepare(old: Artifact, new: Artifact | ModelSpec, corpus: str | Path | Sequence[str],
             dataset: PairDataset, cfg: XbtConfig, target_space: str | None = None,
-            device: str | torch.device | None = None, show_progress: bool = True) -> Prepared:
-    """Resolve and check every input (see :mod:`training.xbt.inputs`); nothing trains yet."""
+            device: str | torch.device | None = None, show_progress: bool = True,
+            validation: PairDataset | None = None) -> Prepared:
+    """Resolve and check every input (see :mod:`training.xbt.inputs`); nothing trains yet.
+
+    ``validation``: the split stage 2 selects on (``select_every``; never the test set).
+    Without one, a method that selects holds ``select_holdout`` of ``dataset`` out of
+    training for it; a method that does not (Direct) or ``select_every=0`` uses none."""
     target = target_space_of(old, target_space)
     dim = declared_dim(old, target)
     captions = read_corpus(corpus)
     if len(dataset) == 0:
         raise DataError("the paired set is empty: stage 2 needs image-caption pairs")
+    selects = cfg.select_every > 0 and get_upgrade(cfg.method).selects
+    source = GIVEN
+    if not selects:
+        validation = None
+    elif validation is None and cfg.select_holdout > 0:
+        dataset, validation = hold_out(dataset, cfg.select_holdout, cfg.seed)
+        source = HELD_OUT
+    if validation is not None and len(validation) == 0:
+        raise DataError("the validation set is empty: stage 2's selection needs image-caption "
+                        "pairs (or turn it off with select_every=0)")
     spec, model, native = new_model_of(new)
     if native == target:
         raise ConfigError(f"the new model already embeds natively into space '{target}': it "
@@ -325,8 +377,11 @@ def prepare(old: Artifact, new: Artifact | ModelSpec, corpus: str | Path | Seque
     encoder = Encoder(model, tokenizer, pick_device(device))
     with adapters.disabled():
         pairs = build_pairs(dataset, encoder, [cfg.language], show_progress)  # reads every image
+        held = (ValidationSet(validation, build_pairs(validation, encoder, [cfg.language]),
+                              validation.relevance(cfg.language), encoder.tokenizer, source)
+                if validation is not None else None)
     return Prepared(old, target, dim, new, spec, native, model, adapters, base_state, encoder,
-                    captions, dataset, pairs, encoder.device)
+                    captions, dataset, pairs, encoder.device, held)
 
 
 def with_fresh_adapters(p: Prepared, cfg: XbtConfig) -> Prepared:
@@ -357,17 +412,23 @@ def free_memory() -> None:
 # ---------------------------------------------------------------------------- the stages
 def cache_text(p: Prepared, cfg: XbtConfig,
                show_progress: bool = True) -> tuple[TextCache, Anchors]:
-    """Embed the corpus (and, for ``pair_anchor``, the paired set) with the old version,
-    then release it; embed the corpus with the off-the-shelf new model."""
+    """Embed the corpus (and, for ``pair_anchor``, the paired set; for selection, the
+    validation split) with the old version, then release it; embed the corpus with the
+    off-the-shelf new model."""
     old_encoder = open_old(p)
     old = embed_corpus(old_encoder, p.corpus, "old text (cache)", show_progress)
-    paired = PairAnchor(*_old_pair_embeddings(p, old_encoder)) if cfg.pair_anchor else None
+    paired = (PairAnchor(*_old_pair_embeddings(old_encoder, p.pairs, p.dataset, p.model))
+              if cfg.pair_anchor else None)
+    validation = p.validation if cfg.select_every > 0 else None
+    if validation is not None:
+        validation = validation.with_old(*_old_pair_embeddings(
+            old_encoder, validation.pairs, validation.dataset, p.model))
     del old_encoder  # the old model is never needed again by XBT
     free_memory()
     with p.adapters.disabled():
         new = embed_corpus(p.encoder, p.corpus, "new text (cache)", show_progress)
     corpus = Anchor(p.encoder.tokenize(p.corpus), old) if cfg.anchor else None
-    return TextCache(new, old), Anchors(corpus, paired)
+    return TextCache(new, old), Anchors(corpus, paired, validation)
 
 
 def stage1(p: Prepared, cfg: XbtConfig, show_progress: bool = True,
@@ -405,7 +466,7 @@ def direct(p: Prepared, cfg: XbtConfig, show_progress: bool = True,
            on_progress: OnProgress = None) -> tuple[Projector, dict[str, Any]]:
     """The Direct baseline: embed the pairs with the old model once, then train end to end."""
     start = time.perf_counter()
-    old_images, old_texts = _old_pair_embeddings(p, open_old(p))
+    old_images, old_texts = _old_pair_embeddings(open_old(p), p.pairs, p.dataset, p.model)
     free_memory()
     cached = time.perf_counter() - start
     torch.manual_seed(cfg.seed)
@@ -415,20 +476,22 @@ def direct(p: Prepared, cfg: XbtConfig, show_progress: bool = True,
     return phi, {"cache_seconds": cached, **result_metrics(result)}
 
 
-def _old_pair_embeddings(p: Prepared, old: Encoder) -> tuple[torch.Tensor, torch.Tensor]:
-    """(images [N, D_old], captions [M, D_old]) of the paired set by the old version (each
-    rank embeds a block of the rows under torch.distributed; all ranks get all of them)."""
-    same = get_model_preprocess_cfg(old.model) == get_model_preprocess_cfg(p.model)
+def _old_pair_embeddings(old: Encoder, pairs: PairTensors, dataset: PairDataset,
+                         new_model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """(images [N, D_old], captions [M, D_old]) of a paired set (``pairs``: its new-model
+    tensors) by the old version (each rank embeds a block of the rows under
+    torch.distributed; all ranks get all of them)."""
+    same = get_model_preprocess_cfg(old.model) == get_model_preprocess_cfg(new_model)
 
     def images(lo: int, hi: int) -> torch.Tensor:
         if same:  # same preprocessing: reuse the pixels
-            return torch.from_numpy(old.encode_image_tensors(p.pairs.pixels[lo:hi]))
-        return torch.from_numpy(old.encode_images([p.dataset.load_image(i)
+            return torch.from_numpy(old.encode_image_tensors(pairs.pixels[lo:hi]))
+        return torch.from_numpy(old.encode_images([dataset.load_image(i)
                                                    for i in range(lo, hi)]))
 
     def texts(lo: int, hi: int) -> torch.Tensor:
-        return torch.from_numpy(old.encode_texts(p.pairs.captions[lo:hi]))
-    return map_rows(len(p.pairs.pixels), images), map_rows(len(p.pairs.captions), texts)
+        return torch.from_numpy(old.encode_texts(pairs.captions[lo:hi]))
+    return map_rows(len(pairs.pixels), images), map_rows(len(pairs.captions), texts)
 
 
 def result_metrics(result: TrainResult) -> dict[str, Any]:
@@ -439,10 +502,14 @@ def result_metrics(result: TrainResult) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- the artifact
 def projector_route_entry(p: Prepared, phi: Projector, cfg: XbtConfig) -> dict[str, Any]:
     """The manifest's entry for the route into the target space: base model + adapters +
-    phi (``training.xbt.route.load_projector_route`` builds the encoder from it)."""
-    return {"kind": "projector", "adapters": ADAPTERS_FILE, "projector": PROJECTOR_FILE,
-            "adapter_config": cfg.adapter_config().to_dict(), "projector_dims": phi.dims(),
-            "embed_dim": phi.out_dim}
+    phi (``training.xbt.route.load_projector_route`` builds the encoder from it). With the
+    adapters switched off (selection chose stage 1 alone) the route is phi on the untouched
+    base model: ``adapters`` and ``adapter_config`` are None."""
+    on = p.adapters.enabled
+    return {"kind": "projector", "adapters": ADAPTERS_FILE if on else None,
+            "projector": PROJECTOR_FILE,
+            "adapter_config": cfg.adapter_config().to_dict() if on else None,
+            "projector_dims": phi.dims(), "embed_dim": phi.out_dim}
 
 
 def write_upgrade(p: Prepared, phi: Projector, cfg: XbtConfig, metrics: dict[str, Any],
@@ -459,8 +526,10 @@ def write_upgrade(p: Prepared, phi: Projector, cfg: XbtConfig, metrics: dict[str
         "routes": {space: {"kind": "native"},
                    p.target_space: projector_route_entry(p, phi, cfg)},
     }
-    tensors = {WEIGHTS: p.base_state, ADAPTERS_FILE: p.adapters.state_dict(),
+    tensors = {WEIGHTS: p.base_state,
                PROJECTOR_FILE: {k: v.detach() for k, v in phi.state_dict().items()}}
+    if p.adapters.enabled:
+        tensors[ADAPTERS_FILE] = p.adapters.state_dict()
     if cfg.slerp_t > 0:  # the route mixes with OLD's own query: OLD's weights travel along
         route = manifest["routes"][p.target_space]
         route["slerp_t"] = cfg.slerp_t
@@ -481,11 +550,13 @@ def upgrade(old: Artifact, new: Artifact | ModelSpec, corpus: str | Path | Seque
             pairs: PairDataset, out: str | Path, cfg: XbtConfig | None = None,
             version_id: str | None = None, target_space: str | None = None,
             device: str | torch.device | None = None, show_progress: bool = True,
-            on_progress: OnProgress = None) -> Artifact:
+            on_progress: OnProgress = None, validation: PairDataset | None = None) -> Artifact:
     """Make ``new`` compatible with ``old``'s (root) space; write the version at ``out``.
 
     ``new``: an artifact (its native model) or a model spec; ``corpus``: captions, a text
-    file (one per line) or ``synth:N``; ``pairs``: the image-caption set of stage 2.
+    file (one per line) or ``synth:N``; ``pairs``: the image-caption set of stage 2;
+    ``validation``: the split stage 2's checkpoints are scored on (``select_every``;
+    default: ``select_holdout`` of ``pairs``, held out of training).
     Every input is checked before training; on any failure nothing is written.
     ``on_progress`` gets every step of every stage and may raise to stop (cancellation).
     Data-parallel under torch.distributed (``training.distributed.run_ranks``): rank 0
@@ -496,7 +567,8 @@ def upgrade(old: Artifact, new: Artifact | ModelSpec, corpus: str | Path | Seque
         raise ConfigError(f"{out} already exists; choose another output directory")
     seed_everything(cfg.seed)
     start = time.perf_counter()
-    prepared = prepare(old, new, corpus, pairs, cfg, target_space, device, show_progress)
+    prepared = prepare(old, new, corpus, pairs, cfg, target_space, device, show_progress,
+                       validation)
     phi, metrics = train_upgrade(prepared, cfg, show_progress, on_progress)
     metrics["upgrade_seconds"] = time.perf_counter() - start
     metrics["ranks"] = World.current().size

@@ -1,5 +1,11 @@
 """An XBT upgrade (or the Direct baseline) of a new model into the gallery's space, gated
-and registered as a candidate."""
+and registered as a candidate.
+
+Stage 2 selects its checkpoint (``select_every``) on ``select_holdout`` of the job's paired
+set, held out of training: never on the gallery's validation set, which the gate then
+scores the chosen route on, so the gate stays a check on data the selection never saw.
+The validation curve and the chosen step are in the job's ``result.selection`` (and in
+the artifact's ``metrics.selection``)."""
 
 from __future__ import annotations
 
@@ -27,7 +33,9 @@ def run_xbt(ctx: JobContext) -> dict[str, Any]:
                                 pairs=ctx.open_dataset(p.pairs, "pairs"), out=ctx.out,
                                 cfg=cfg, version_id=p.version_id,
                                 target_space=gallery.space, show_progress=False)
-    return admit(ctx, candidate)
+    outcome = admit(ctx, candidate)
+    selection = candidate.manifest.get("metrics", {}).get("selection")
+    return {**outcome, "result": {"selection": selection}} if selection else outcome
 
 
 def new_model(new: ModelRef, registry: Registry) -> Any:
