@@ -5,8 +5,9 @@ new->new (the full backfill) and new->old for every method: the adapter routes f
 a K-item sample (procrustes, affine, residual-mlp; one map per modality and one shared
 map; each also SLERP-mixed with OLD's own query), XBT (no anchor, corpus anchor, both
 anchors; and XBT and XBT+pairs with phi starting from the Procrustes fit of stage 1's
-text pairs; each XBT row also SLERP-mixed with OLD's own query), its text-only stage 1,
-and Direct. Per row: R@1/5/10 both directions, the
+text pairs; each XBT row also SLERP-mixed with OLD's own query; every XBT stage 2 selected
+on a validation draw, ``select_every``), its text-only stage 1, and Direct (at XBT's total
+optimizer steps, and "short": at stage 2's). Per row: R@1/5/10 both directions, the
 share of the re-embedding gain recovered at R@1, the negative-flip rate against old->old
 (BCT: queries the old system answered right and the new one gets wrong), fit or train
 seconds, whether it needs a GPU-class budget (training through the towers), and the

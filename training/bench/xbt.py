@@ -3,10 +3,16 @@
 Starts from the two models of ``bench base`` (``--base DIR`` holds ``old/`` and ``new/``).
 OLD embeds the gallery; NEW is upgraded. On the held-out test set of ``bench base``
 it reports R@1/5/10 in both directions for old->old, new->new, the text-only phi
-(after stage 1) new->old, the Direct baseline new->old, and XBT new->old without
-anchoring, with the corpus anchor (METHODS.md) and with the corpus and pair anchors;
-wall times of stage 1, stage 2 and Direct; and the time the NEW model takes to re-embed
-the test gallery, extrapolated to 1M and 1B items.
+(after stage 1) new->old, the Direct baseline new->old (at XBT's total optimizer steps,
+stage 1 + stage 2, and, labelled "short", at stage 2's steps alone), and XBT new->old
+without anchoring, with the corpus anchor (METHODS.md) and with the corpus and pair
+anchors, each stage 2 selected on a validation draw of the world (``select_every``:
+disjoint from the pairs and the test set; the curve and chosen step per row are in the
+JSON); wall times of stage 1, stage 2 and Direct; and the time the NEW model takes to
+re-embed the test gallery, extrapolated to 1M and 1B items.
+
+``--seed N`` draws other pairs and another validation split and seeds every training run
+with N (the test set stays the same); results go under ``OUT/seed-N/``.
 
 The upgrade never reads the gallery, so its cost does not depend on gallery size:
 the test gallery below is used for evaluation only.
@@ -27,6 +33,7 @@ from training.console import report_command
 from training.xbt.config import XbtConfig
 
 PAIRS_SEED = 20_000  # the paired set differs from the base training sets (seeds 1, 2)
+VALIDATION_SEED = 25_000  # stage 2's validation split: neither the pairs nor any test set
 BACKFILL_SIZES = {"1M": 1_000_000, "1B": 1_000_000_000}
 MARGIN = 0.01  # XBT new->old R@1 must beat old->old by this much, both directions
 GAP_CLOSURE = 0.5  # image->text: (new->old - old->old) / (new->new - old->old)
@@ -37,8 +44,9 @@ XBT_ROWS = ("xbt new->old", "xbt+anchor new->old", "xbt+pairs new->old")
 # Direct's adapters) at 3x the paper's 1e-4, as in the demo: over 150 steps, 3e-4 gave every
 # anchored variant more on this world (XBT+pairs, i2t gap closed: 0.37 at 1e-4, 0.52 at 3e-4,
 # 0.50 at 1e-3; 300 steps at 3e-4: 0.51).
+# Stage 2 is scored on the validation draw every 25 steps (and stage 1 alone as step 0).
 BENCH_STEPS = {"pretrain_steps": 2000, "pretrain_batch_size": 512, "steps": 150, "batch_size": 64,
-               "lr": 3e-4}
+               "lr": 3e-4, "select_every": 25}
 
 
 def default_config() -> XbtConfig:
@@ -47,6 +55,7 @@ def default_config() -> XbtConfig:
 
 BENCH_PAIRS = 3000  # image-caption pairs of stage 2 (and of Direct)
 BENCH_CORPUS = 100_000  # synthetic captions of stage 1
+BENCH_VALIDATION = 500  # images of stage 2's validation split
 
 
 @dataclass
@@ -54,6 +63,7 @@ class XbtBench:
     pairs: int = BENCH_PAIRS
     corpus: int = BENCH_CORPUS
     config: XbtConfig = field(default_factory=default_config)
+    validation: int = BENCH_VALIDATION
 
 
 @dataclass
@@ -114,6 +124,16 @@ def paired_set(n: int, draw: int = 0) -> Any:
     return PairDataset.from_synth(items)
 
 
+def validation_set(n: int, draw: int = 0) -> Any:
+    """Stage 2's validation split (``select_every``): another draw of the same world,
+    disjoint from the paired set and the test set."""
+    from training.data import PairDataset, generate_items
+
+    items = generate_items(n, seed=VALIDATION_SEED + 101 * draw, languages=("en",),
+                           id_prefix="xbt-validation-")
+    return PairDataset.from_synth(items)
+
+
 # ---------------------------------------------------------------------------- the upgrades
 def text_only_cell(p: Any, phi: Any, old_emb: tuple, gallery: Gallery) -> dict[str, Any]:
     """phi after stage 1 on the off-the-shelf new model (adapters off), new->old."""
@@ -163,7 +183,8 @@ def run_upgrades(old: Any, new: Any, bench: XbtBench, old_emb: tuple, gallery: G
 
     cfg = bench.config
     anchored = replace(cfg, anchor=True, pair_anchor=True)
-    p = prepare(old, new, f"synth:{bench.corpus}", paired_set(bench.pairs, draw), anchored)
+    p = prepare(old, new, f"synth:{bench.corpus}", paired_set(bench.pairs, draw), anchored,
+                validation=validation_set(bench.validation, draw))
     start = time.perf_counter()
     cache, anchors = cache_text(p, anchored)
     phi1, _ = pretrain_fresh(p, cache, anchored)
@@ -205,18 +226,28 @@ def _stage2_rows(p: Any, phi: Any, variants: tuple, anchors: Any, old: Any, gall
     return routed
 
 
+DIRECT_ROWS = (("direct", "total"), ("direct (short)", "stage2"))
+
+
 def _direct_row(p: Any, cfg: XbtConfig, old: Any, gallery: Gallery, out: Path,
                 seconds: dict[str, float]) -> dict[str, tuple]:
+    """Direct at XBT's budget: as many optimizer steps as stage 1 + stage 2 ("direct"), and
+    at stage 2's steps alone ("direct (short)")."""
     from training.xbt import get_upgrade
     from training.xbt.upgrade import with_fresh_adapters, write_upgrade
 
-    direct_cfg = replace(cfg, method="direct")
-    fresh = with_fresh_adapters(p, direct_cfg)
-    start = time.perf_counter()
-    phi_d, metrics = get_upgrade("direct")(direct_cfg).train(fresh)  # {"direct": ...}
-    seconds["direct"] = time.perf_counter() - start
-    art = write_upgrade(fresh, phi_d, direct_cfg, metrics, out / "direct", "direct")
-    return {"direct new->old": (art, artifact_embeddings(art, old.space, gallery))}
+    routed = {}
+    for name, budget in DIRECT_ROWS:
+        steps = cfg.pretrain_steps + cfg.steps if budget == "total" else cfg.steps
+        direct_cfg = replace(cfg, method="direct", steps=steps)
+        fresh = with_fresh_adapters(p, direct_cfg)
+        start = time.perf_counter()
+        phi_d, metrics = get_upgrade("direct")(direct_cfg).train(fresh)  # {"direct": ...}
+        seconds[name] = time.perf_counter() - start
+        slug = name.replace(" (", "-").replace(")", "")
+        art = write_upgrade(fresh, phi_d, direct_cfg, metrics, out / slug, slug)
+        routed[f"{name} new->old"] = (art, artifact_embeddings(art, old.space, gallery))
+    return routed
 
 
 # ---------------------------------------------------------------------------- targets
@@ -251,10 +282,18 @@ def check_targets(cells: dict[str, Any]) -> tuple[dict[str, Any], dict[str, bool
 
 # ---------------------------------------------------------------------------- entry points
 def bench_from(args: argparse.Namespace) -> XbtBench:
-    overrides = {k: getattr(args, k) for k in ("pretrain_steps", "steps", "batch_size", "lr")
+    overrides = {k: getattr(args, k) for k in ("pretrain_steps", "steps", "batch_size", "lr",
+                                               "select_every")
                  if getattr(args, k, None) is not None}
     return XbtBench(pairs=args.pairs, corpus=args.corpus,
-                    config=replace(default_config(), **overrides))
+                    config=replace(default_config(), seed=args.seed, **overrides),
+                    validation=args.validation)
+
+
+def selections(routed: dict[str, tuple]) -> dict[str, Any]:
+    """Per XBT row: its stage 2's validation curve and chosen step (artifact metrics)."""
+    return {name: art.manifest["metrics"]["selection"] for name, (art, _) in routed.items()
+            if "selection" in art.manifest["metrics"]}
 
 
 def open_base(base: Path, out: Path) -> tuple[Any, Any]:
@@ -272,19 +311,22 @@ def open_base(base: Path, out: Path) -> tuple[Any, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    bench, base, out = bench_from(args), Path(args.base), Path(args.out)
+    bench, base, out = bench_from(args), Path(args.base), Path(args.out) / f"seed-{args.seed}"
     old, new = open_base(base, out)
-    gallery = load_gallery()
+    gallery = load_gallery()  # the same test set for every seed
     old_emb, cells, reembed = reference(old, new, gallery)
-    upgraded, seconds, _ = run_upgrades(old, new, bench, old_emb, gallery, out)
+    upgraded, seconds, routed = run_upgrades(old, new, bench, old_emb, gallery, out,
+                                             draw=args.seed)
     cells.update(upgraded)
     closures, targets = check_targets(cells)
-    result = {"bench": {**asdict(bench), "config": bench.config.to_dict()}, "cells": cells,
-              "gap_closure_r1": closures, "seconds": seconds,
+    result = {"seed": args.seed, "bench": {**asdict(bench), "config": bench.config.to_dict()},
+              "cells": cells, "gap_closure_r1": closures, "seconds": seconds,
+              "selection": selections(routed),
               "backfill": backfill_estimate(reembed, len(gallery.images)),
               "gallery_used_for_evaluation_only": {"images": len(gallery.images),
                                                    "captions": len(gallery.texts)},
               "targets": targets}
+    out.mkdir(parents=True, exist_ok=True)
     (out / "bench-xbt.json").write_text(json.dumps(result, indent=2, default=str))
     return result
 
@@ -298,15 +340,21 @@ def share_text(value: float | None) -> str:
 
 
 def render(result: dict[str, Any]) -> str:
-    lines = ["query->gallery           t2i R@1/5/10         i2t R@1/5/10         gap closed t2i/i2t"]
+    lines = [f"seed {result['seed']}",
+             ("query->gallery            t2i R@1/5/10         i2t R@1/5/10         gap closed "
+              "t2i/i2t")]
     for name, c in result["cells"].items():
         gap = result["gap_closure_r1"].get(name)
         closed = f"{share_text(gap['t2i'])}/{share_text(gap['i2t'])}" if gap else ""
-        lines.append(f"{name:23}  {recalls(c, 't2i'):19}  {recalls(c, 'i2t'):19}  {closed}")
+        lines.append(f"{name:24}  {recalls(c, 't2i'):19}  {recalls(c, 'i2t'):19}  {closed}")
+    for name, sel in result["selection"].items():
+        curve = " ".join(f"{p['step']}:{p['t2i']:.3f}/{p['i2t']:.3f}" for p in sel["curve"])
+        lines.append(f"{name}: chose step {sel['chosen_step']} (validation R@1 t2i/i2t by "
+                     f"step: {curve})")
     s, b, g = result["seconds"], result["backfill"], result["gallery_used_for_evaluation_only"]
     lines += [(f"wall s: stage 1 {s['stage1']:.0f} | stage 2 {s['stage2']:.0f} "
               f"(+anchor {s['stage2_anchor']:.0f}, +pairs {s['stage2_pairs']:.0f}) | "
-              f"direct {s['direct']:.0f}"),
+              f"direct {s['direct']:.0f} (short {s['direct (short)']:.0f})"),
               (f"backfill with NEW: {b['test_gallery_seconds']:.1f} s for {b['test_gallery_items']} "
               f"items ({b['per_item_ms']:.2f} ms/item) -> 1M {b['1M_hours']:.1f} h, "
               f"1B {b['1B_hours']:.0f} h"),
@@ -320,7 +368,8 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
     # No XbtConfig instance here: validating one imports torch, and --help must stay fast.
     p = sub.add_parser(name, help="XBT upgrade of bench base's NEW model into OLD's space")
     p.add_argument("--base", default="runs/bench-base", help="holds old/ and new/ artifacts")
-    p.add_argument("--out", default="runs/bench-xbt", help="keeps the upgraded versions")
+    p.add_argument("--out", default="runs/bench-xbt", help="keeps the upgraded versions "
+                                                          "(under seed-N/)")
     p.add_argument("--pairs", type=int, default=BENCH_PAIRS, help="image-caption pairs")
     p.add_argument("--corpus", type=int, default=BENCH_CORPUS, help="stage 1 captions")
     p.add_argument("--pretrain-steps", type=int,
@@ -331,6 +380,14 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
                    help=f"stage 2 / Direct batch, default {BENCH_STEPS['batch_size']}")
     p.add_argument("--lr", type=float,
                    help=f"stage 2 / Direct adapter learning rate, default {BENCH_STEPS['lr']:g}")
+    p.add_argument("--select-every", type=int,
+                   help=f"score stage 2 on the validation split every N steps and keep the "
+                        f"best (0: off, the paper), default {BENCH_STEPS['select_every']}")
+    p.add_argument("--validation", type=int, default=BENCH_VALIDATION,
+                   help="images of stage 2's validation split")
+    p.add_argument("--seed", type=int, default=0,
+                   help="draw of the pairs and the validation split, and every training seed "
+                        "(results under OUT/seed-N/)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=report_command(run, render))
 
