@@ -11,11 +11,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from training.bench import base_models, continual, distributed, language, upgrade, xbt
+from training.bench import (
+    base_models,
+    continual,
+    distributed,
+    language,
+    upgrade,
+    xbt,
+    xbt_ablation,
+)
 
 BENCHMARKS: dict[str, Callable[[Any, str], None]] = {
     "base": base_models.register,
     "xbt": xbt.register,
+    "xbt-ablation": xbt_ablation.register,
     "upgrade": upgrade.register,
     "continual": continual.register,
     "language": language.register,
