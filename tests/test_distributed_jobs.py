@@ -104,8 +104,10 @@ def test_two_rank_jobs_register_gated_versions_and_cancel_cleanly(micro_versions
             versions
         assert not (registry_root / "jobs" / f"{long['id']}.work").exists()
 
-        # A job asking for more ranks than the host has fails, naming the limit.
-        too_many = submit(client, "continual", {**continual(world), "gpus": 64})
+        # A job asking for more ranks than the host has fails, naming the limit (its batch
+        # splits evenly over 64 ranks: an uneven one is refused at submission instead).
+        too_many = submit(client, "continual", {**continual(world), "gpus": 64,
+                                                "batch_size": 128})
         done = until(client, too_many["id"], ("failed", "succeeded"), proc)
         assert done["status"] == "failed" and "gpus=64" in done["error"], done["error"]
 
