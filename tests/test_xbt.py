@@ -34,7 +34,7 @@ from training.xbt.prompts import VisualPrompts
 # The paper's stage 2 (no validation selection): these tests check the method's mechanics;
 # tests/test_xbt_selection.py checks the selection.
 TINY = {"pretrain_steps": 2, "pretrain_batch_size": 16, "steps": 1, "batch_size": 8,
-        "select_every": 0}
+        "select_every": 0, "prompts": 10}  # the paper's prompts: their code path is tested
 CORPUS = [f"a {c} {s}" for c in ("red", "blue", "green", "yellow") for s in ("circle", "square",
                                                                              "star", "heart")] * 3
 
@@ -147,9 +147,9 @@ def test_prompts_grow_tokens_and_pool_the_class_token() -> None:
 def test_resnet_tower_refuses_prompts_and_trains_without(bases, world, tmp_path) -> None:
     model = create_model(resnet_spec())
     with pytest.raises(ConfigError, match="--set prompts=0"):
-        Adapters.attach(model, XbtConfig().adapter_config())
+        Adapters.attach(model, XbtConfig(prompts=10).adapter_config())
     with pytest.raises(ConfigError, match="--set prompts=0"):
-        run_upgrade(bases["v1"], resnet_spec(), world, tmp_path / "rn")
+        run_upgrade(bases["v1"], resnet_spec(), world, tmp_path / "rn", prompts=10)
     assert not (tmp_path / "rn").exists()
     art = run_upgrade(bases["v1"], resnet_spec(), world, tmp_path / "rn", prompts=0,
                       batch_size=4)

@@ -172,6 +172,9 @@ def test_selection_settings_and_the_paper_preset() -> None:
     assert XbtConfig().select_every > 0 and XbtConfig().select_holdout > 0  # selects by default
     paper = XbtConfig.preset("paper", steps=7)
     assert paper.select_every == 0 and paper.steps == 7
+    # The paper's 10 visual soft prompts; none by default (issue 24's ablation).
+    assert paper.prompts == 10 and XbtConfig().prompts == 0
+    assert paper.adapter_config().prompts == 10 and XbtConfig().adapter_config().prompts == 0
     assert XbtConfig.preset("default") == XbtConfig()
     with pytest.raises(ConfigError, match="known: default, paper"):
         XbtConfig.preset("nope")

@@ -30,7 +30,7 @@ from typing import Any
 
 from training.bench.base_models import BaseBench, test_set
 from training.console import report_command
-from training.xbt.config import XbtConfig
+from training.xbt.config import PRESETS, XbtConfig
 
 PAIRS_SEED = 20_000  # the paired set differs from the base training sets (seeds 1, 2)
 VALIDATION_SEED = 25_000  # stage 2's validation split: neither the pairs nor any test set
@@ -38,6 +38,8 @@ BACKFILL_SIZES = {"1M": 1_000_000, "1B": 1_000_000_000}
 MARGIN = 0.01  # XBT new->old R@1 must beat old->old by this much, both directions
 GAP_CLOSURE = 0.5  # image->text: (new->old - old->old) / (new->new - old->old)
 XBT_ROWS = ("xbt new->old", "xbt+anchor new->old", "xbt+pairs new->old")
+PAPER_ROW = "xbt (paper preset)"  # 10 soft prompts, no selection: the paper's stage 2
+SHARE_TARGETS = {"t2i": 0.2, "i2t": 0.5}  # issue 24: the default route's gap closure
 
 
 # The paper's recipe, with step counts that fit the benchmark's CPU budget, and stage 2 (and
@@ -191,7 +193,8 @@ def run_upgrades(old: Any, new: Any, bench: XbtBench, old_emb: tuple, gallery: G
     seconds = {"stage1": time.perf_counter() - start}
     cells = {"phi text-only new->old": text_only_cell(p, phi1, old_emb, gallery)}
     variants = (("xbt", cfg, "stage2"), ("xbt+anchor", replace(cfg, anchor=True), "stage2_anchor"),
-                ("xbt+pairs", anchored, "stage2_pairs"))
+                ("xbt+pairs", anchored, "stage2_pairs"),
+                (PAPER_ROW, replace(cfg, **PRESETS["paper"]), "stage2_paper"))
     routed = _stage2_rows(p, phi1, variants, anchors, old, gallery, out, seconds, slerp_t,
                           first=True)
     for init in inits:
@@ -276,6 +279,14 @@ def check_targets(cells: dict[str, Any]) -> tuple[dict[str, Any], dict[str, bool
             targets[f"{tag} {d} R@1 >= direct"] = r1(cells[name], d) >= r1(cells["direct new->old"], d)
         closure = closures[name]["i2t"]
         targets[f"{tag} i2t gap closure >= {GAP_CLOSURE}"] = closure is not None and closure >= GAP_CLOSURE
+    # Issue 24: the default route is never worse than its own stage 1, and recovers a share
+    # of the re-embedding gain in each direction.
+    for d in ("t2i", "i2t"):
+        targets[f"xbt {d} R@1 >= phi after stage 1"] = (
+            r1(cells["xbt new->old"], d) >= r1(cells["phi text-only new->old"], d))
+        share = closures["xbt new->old"][d]
+        targets[f"xbt {d} gap closure >= {SHARE_TARGETS[d]}"] = (
+            share is not None and share >= SHARE_TARGETS[d])
     targets["upgrade time independent of gallery size (never reads the gallery)"] = True
     return closures, targets
 

@@ -63,6 +63,10 @@ VARIANTS: dict[str, tuple[dict[str, Any], bool, int | None]] = {
     "batch 128": ({"batch_size": 128}, True, None),
     "10,000 pairs": ({}, True, 10_000),
     "no prompts, text LoRA only": ({"prompts": 0, "lora_targets": TEXT_LORA}, True, None),
+    "no prompts, paper lr 1e-4": ({"prompts": 0, "lr": 1e-4}, True, None),
+    "no prompts + pair anchor": ({"prompts": 0, "pair_anchor": True}, True, None),
+    "no prompts + pair anchor x10": ({"prompts": 0, "pair_anchor": True,
+                                      "pair_anchor_weight": 10.0}, True, None),
 }
 
 

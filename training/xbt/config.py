@@ -54,9 +54,14 @@ class AdapterConfig(MethodConfig):
 
 # Named configurations (``XbtConfig.preset``, ``nobackfill upgrade xbt --preset NAME``):
 # settings on top of the defaults. "paper" is the method exactly as the paper describes it
-# (METHODS.md, XBT): stage 2 runs to its last step, nothing selected; "default" is the
-# library's defaults (stage 2 selected on validation, ``select_every``).
-PRESETS: dict[str, dict[str, Any]] = {"default": {}, "paper": {"select_every": 0}}
+# (METHODS.md, XBT): 10 visual soft prompts, stage 2 runs to its last step, nothing
+# selected; "default" is the library's defaults: no soft prompts (untrained prompts are not
+# a no-op: inserting them cost the bench's route most of its image->text compatibility
+# before its first step, and stage 2 never won it back; README, "Why XBT's stage 2 undid
+# stage 1"), stage 2 selected on validation (``select_every``).
+PAPER_PROMPTS = 10
+PRESETS: dict[str, dict[str, Any]] = {
+    "default": {}, "paper": {"select_every": 0, "prompts": PAPER_PROMPTS}}
 
 
 @dataclass
@@ -105,8 +110,9 @@ class XbtConfig(MethodConfig):
     lora_dropout: float = setting(0.1, "dropout on the LoRA branch input")
     lora_targets: str = setting(DEFAULT_LORA_TARGETS, "regex (full match) of the module names "
                                                       "that get LoRA")
-    prompts: int = setting(10, "visual soft prompt tokens (ViT towers only); 0 disables them "
-                               "(needed for ResNet towers)")
+    prompts: int = setting(0, "visual soft prompt tokens prepended to a ViT vision tower (the "
+                              "paper: 10, --preset paper); 0 (the default) adds none: untrained "
+                              "prompts move every image embedding before stage 2's first step")
     layer_norms: bool = setting(True, "train LayerNorm deltas of both towers")
     language: str = setting("en", "caption language of the paired set")
     seed: int = setting(0, "seed of initialisation, batch order and noise")
