@@ -42,12 +42,13 @@ from training.bench.xbt import (
     validation_set,
 )
 from training.console import report_command
+from training.xbt.config import PAPER_PROMPTS
 
 TEXT_LORA = r"transformer\.resblocks\.\d+\.(attn|mlp\.c_fc|mlp\.c_proj)"
 VISION_LORA = r"visual\.transformer\.resblocks\.\d+\.(attn|mlp\.c_fc|mlp\.c_proj)"
 # name -> (XbtConfig overrides, train phi's LayerNorms, paired-set size or None)
 VARIANTS: dict[str, tuple[dict[str, Any], bool, int | None]] = {
-    "bench default (lr 3e-4)": ({}, True, None),
+    "bench stage 2 (lr 3e-4, 10 prompts)": ({}, True, None),
     "paper lr 1e-4": ({"lr": 1e-4}, True, None),
     "no soft prompts": ({"prompts": 0}, True, None),
     "prompt lr 1e-3 (10x lr, not 100x)": ({"prompt_lr": 1e-3}, True, None),
@@ -142,7 +143,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out.mkdir(parents=True)
     gallery = load_gallery()
     old_emb, cells, _ = reference(old, new, gallery)
-    cfg = replace(default_config(), seed=args.seed, select_every=0,
+    # The bench's stage 2 as issue 24 found it: the paper's soft prompts, no selection.
+    cfg = replace(default_config(), seed=args.seed, select_every=0, prompts=PAPER_PROMPTS,
                   **({"pretrain_steps": args.pretrain_steps} if args.pretrain_steps else {}),
                   **({"steps": args.steps} if args.steps else {}))
     anchored = replace(cfg, anchor=True, pair_anchor=True, select_every=args.every)
