@@ -29,6 +29,7 @@ from typing import Any
 from training.bench.xbt import (
     BENCH_CORPUS,
     BENCH_PAIRS,
+    PAPER_ROW,
     Gallery,
     XbtBench,
     cell,
@@ -172,7 +173,8 @@ def describe_rows(cells: dict[str, Any], routed: dict[str, tuple], seconds: dict
     return rows
 
 
-XBT_TIMINGS = {"xbt": "stage2", "xbt+anchor": "stage2_anchor", "xbt+pairs": "stage2_pairs"}
+XBT_TIMINGS = {"xbt": "stage2", "xbt+anchor": "stage2_anchor", "xbt+pairs": "stage2_pairs",
+               PAPER_ROW: "stage2_paper"}
 
 
 def _seconds(short: str, seconds: dict[str, float]) -> float:
@@ -181,6 +183,8 @@ def _seconds(short: str, seconds: dict[str, float]) -> float:
     if short in seconds:
         return seconds[short]
     short = short.replace("+slerp", "")
+    if short in XBT_TIMINGS:  # a row of the first stage 1, whatever its name
+        return seconds["stage1"] + seconds[XBT_TIMINGS[short]]
     base, _, init = short.partition(" (")  # "xbt+pairs (procrustes init)"
     suffix = f" ({init}" if init else ""
     return seconds["stage1" + suffix] + seconds[XBT_TIMINGS[base] + suffix]
