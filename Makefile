@@ -27,8 +27,7 @@ serve: $(STAMP)
 	$(PY) -m service.stack.launch
 
 # The whole story (DESIGN.md) on the synthetic world, non-interactively: a table per step,
-# runs/demo/report.md with plots. 16.3 and 17.9 minutes measured on 2 CPU cores before the
-# migration step (step 6) was added; not re-measured since.
+# runs/demo/report.md with plots. 11.9 minutes measured on 2 CPU cores (README, "The demo").
 DEMO_OUT ?= runs/demo
 demo: $(STAMP)
 	$(VENV)/bin/nobackfill demo --out $(DEMO_OUT)
