@@ -80,16 +80,11 @@ class Probe:
     def __call__(self, model: Any, phi: Any) -> dict[str, float]:
         import numpy as np
 
-        from training.encoders import Encoder
         from training.evaluate import cross_metrics
-        from training.xbt.projector import ProjectorHead
+        from training.xbt.selection import route_embeddings
 
         v = self.validation
-        head = ProjectorHead(phi)
-        encoder = Encoder(model, v.tokenizer, next(model.parameters()).device,
-                          text_head=head, image_head=head)
-        images = encoder.encode_image_tensors(v.pairs.pixels)  # [N, D_old]
-        texts = encoder.encode_texts(v.pairs.captions)  # [M, D_old]
+        images, texts = route_embeddings(model, phi, v)  # [N, D_old], [M, D_old]
         old_images, old_texts = v.old_images.numpy(), v.old_texts.numpy()
         cells = cross_metrics(texts, images, old_images, old_texts, v.relevance, ks=(1,),
                               map_k=1)

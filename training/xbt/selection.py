@@ -96,18 +96,25 @@ class Checkpoint:
         return {"step": self.step, "t2i": self.t2i, "i2t": self.i2t, "score": self.score}
 
 
-def route_recall(model: torch.nn.Module, phi: Projector,
-                 validation: ValidationSet) -> tuple[float, float]:
-    """(t2i, i2t) R@1 of the route as it is now (the model's adapters as they are
-    switched, then phi) against the old version's embeddings of the validation split:
-    computed as the served route computes them (``Encoder`` with phi as its head)."""
-    if validation.old_images is None or validation.old_texts is None:
-        raise RuntimeError("the validation split has no old embeddings: stage 1 caches them")
+def route_embeddings(model: torch.nn.Module, phi: Projector,
+                     validation: ValidationSet) -> tuple[np.ndarray, np.ndarray]:
+    """(images [N, D_old], captions [M, D_old]) of the validation split by the route as it
+    is now (the model's adapters as they are switched, then phi), computed as the served
+    route computes them (``Encoder`` with phi as its head)."""
     head = ProjectorHead(phi)
     encoder = Encoder(model, validation.tokenizer, next(model.parameters()).device,
                       text_head=head, image_head=head)
-    images = encoder.encode_image_tensors(validation.pairs.pixels)
-    texts = encoder.encode_texts(validation.pairs.captions)
+    return (encoder.encode_image_tensors(validation.pairs.pixels),
+            encoder.encode_texts(validation.pairs.captions))
+
+
+def route_recall(model: torch.nn.Module, phi: Projector,
+                 validation: ValidationSet) -> tuple[float, float]:
+    """(t2i, i2t) R@1 of the route as it is now against the old version's embeddings of
+    the validation split."""
+    if validation.old_images is None or validation.old_texts is None:
+        raise RuntimeError("the validation split has no old embeddings: stage 1 caches them")
+    images, texts = route_embeddings(model, phi, validation)
     cell = cross_metrics(texts, images, validation.old_images.numpy(),
                          validation.old_texts.numpy(), validation.relevance, ks=(1,), map_k=1)
     return float(cell["t2i"]["R@1"]), float(cell["i2t"]["R@1"])
