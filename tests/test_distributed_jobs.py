@@ -112,6 +112,60 @@ def test_two_rank_jobs_register_gated_versions_and_cancel_cleanly(micro_versions
         assert done["status"] == "failed" and "gpus=64" in done["error"], done["error"]
 
 
+def test_a_killed_two_rank_job_resumes_from_its_checkpoint(micro_versions, world,
+                                                          tmp_path) -> None:
+    """A 2-rank continual job saves its training state every 10 steps; its worker (and
+    both ranks) is SIGKILLed after a save. The gateway finds the job silent, queues it
+    again, and a new worker resumes it from the save: it ends as the same version an
+    uninterrupted run of the same job gives, within float tolerance."""
+    import os
+    import signal
+
+    import torch
+
+    from service.state.registry import Registry
+
+    redis_up()
+    values = job_settings(tmp_path / "data", world, broker=True, queue=f"test-{uuid.uuid4().hex}")
+    params = {**continual(world, steps=160, lr=1e-3), "gpus": 2, "seed": 4,
+              "checkpoint_every": 10}
+    with gateway(values, micro_versions, world, job_stale_after_s=2.0) as client:
+        with worker_process(values, tmp_path / "worker0.log") as proc:
+            first = submit(client, "continual", {**params, "version_id": "resumed"})
+            wait_for(lambda: job(client, first["id"])["progress"].get("step", 0) >= 12, 180,
+                     "a 2-rank job past its first checkpoint", proc)
+            assert len(rank_processes(proc.pid)) == 2
+            os.killpg(proc.pid, signal.SIGKILL)  # the worker, its task process and both ranks
+            proc.wait()
+        with worker_process(values, tmp_path / "worker1.log") as proc:
+            done = until(client, first["id"], ("succeeded", "failed", "cancelled"), proc,
+                         timeout=240)
+            assert done["status"] == "succeeded", done["error"]
+            assert done["attempts"] == 2 and done["version"] == "resumed"
+            assert [r["attempt"] for r in done["result"]["requeued"]] == [1]
+            assert done["progress"]["step"] == done["progress"]["total"] == 160
+            log = (tmp_path / "worker1.log").read_text()
+            assert "resumes from its checkpoint" in log
+            again = submit(client, "continual", {**params, "version_id": "uninterrupted"})
+            ref = until(client, again["id"], ("succeeded", "failed", "cancelled"), proc,
+                        timeout=240)
+            assert ref["status"] == "succeeded" and ref["attempts"] == 1, ref["error"]
+    registry = Registry(tmp_path / "data" / "registry")
+    resumed, uninterrupted = (_weights(registry.artifact(v)) for v in ("resumed",
+                                                                        "uninterrupted"))
+    assert resumed.keys() == uninterrupted.keys()
+    parent = _weights(registry.artifact("v1"))
+    moved = [k for k in resumed if k in parent and not torch.equal(parent[k], resumed[k])]
+    assert moved, "the phase trained nothing: the comparison would prove nothing"
+    for key, value in resumed.items():
+        torch.testing.assert_close(value, uninterrupted[key], rtol=1e-4, atol=1e-5, msg=key)
+
+
+def _weights(artifact) -> dict:
+    return {f"{file}:{key}": value for file in artifact.manifest["files"]
+            if file.endswith(".safetensors") for key, value in artifact.tensors(file).items()}
+
+
 LAUNCHER = """
 import sys
 from pathlib import Path

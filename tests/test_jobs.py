@@ -11,6 +11,7 @@ import pytest
 
 from service.state.errors import Conflict
 from service.state.jobs import JobNotFound, JobStore
+from service.state.jobs.store import CHECKPOINT_FILE, MAX_ATTEMPTS, Reaped
 from training.artifacts import load_artifact, write_artifact
 from training.data import PairDataset, generate_items
 from training.errors import ConfigError
@@ -65,13 +66,82 @@ def test_reap_fails_silent_jobs_and_jobs_of_a_restarted_node(tmp_path: Path) -> 
     a, b = (store.create("continual", "g", {}, by="ops") for _ in range(2))
     store.start(a.id, "gpu0@h:11")
     store.start(b.id, "gpu1@h:12")
-    assert store.reap(stale_after_s=60) == []  # both beat just now
-    assert store.reap(stale_after_s=0, worker="gpu0@h") == [a.id]
+    assert store.reap(stale_after_s=60) == Reaped()  # both beat just now
+    assert store.reap(stale_after_s=0, worker="gpu0@h") == Reaped(failed=[a.id])
     failed = store.get(a.id)
     assert failed.status == "failed" and "worker lost" in failed.error
     assert store.get(b.id).status == "running"
     store.update(b.id, lambda j: replace(j, heartbeat_at="2000-01-01T00:00:00+00:00"))
-    assert store.reap(stale_after_s=60) == [b.id]
+    assert store.reap(stale_after_s=60) == Reaped(failed=[b.id])
+
+
+def _checkpoint(store: JobStore, job_id: str) -> Path:
+    saved = store.checkpoint_dir(job_id) / CHECKPOINT_FILE
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    saved.write_bytes(b"state")
+    return saved
+
+
+def test_a_dead_job_with_a_checkpoint_is_queued_again_until_its_starts_run_out(
+        tmp_path: Path) -> None:
+    store = JobStore(tmp_path)
+    job = store.create("continual", "g", {}, by="ops")
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        running = store.start(job.id, f"gpu0@h:{attempt}")
+        assert running is not None and running.attempts == attempt
+        saved = _checkpoint(store, job.id)
+        reaped = store.reap(stale_after_s=0, worker="gpu0@h")
+        if attempt < MAX_ATTEMPTS:
+            assert reaped == Reaped(requeued=[job.id])
+            again = store.get(job.id)
+            assert again.status == "queued" and again.worker is None
+            assert [r["attempt"] for r in again.result["requeued"]] == list(range(1, attempt + 1))
+            assert saved.is_file()  # the work directory (and its checkpoint) stays
+    assert reaped == Reaped(failed=[job.id])
+    failed = store.get(job.id)
+    assert failed.status == "failed" and f"after {MAX_ATTEMPTS} starts" in failed.error
+    assert not store.work_dir(job.id).exists()
+
+
+def test_a_dead_job_without_a_saved_checkpoint_fails(
+        tmp_path: Path) -> None:
+    store = JobStore(tmp_path)
+    job = store.create("continual", "g", {}, by="ops")
+    store.start(job.id, "gpu0@h:1")
+    store.checkpoint_dir(job.id).mkdir(parents=True)  # a directory, but nothing saved yet
+    assert store.reap(stale_after_s=0, worker="gpu0@h") == Reaped(failed=[job.id])
+
+
+def test_a_superseded_run_neither_finishes_the_job_nor_beats_for_it(tmp_path: Path) -> None:
+    """A run given up for dead (queued again, started by another worker) that comes back
+    to life leaves the job to its current run and keeps the work directory."""
+    store = JobStore(tmp_path)
+    job = store.create("continual", "g", {}, by="ops")
+    store.start(job.id, "gpu0@h:1")
+    saved = _checkpoint(store, job.id)
+    store.reap(stale_after_s=0, worker="gpu0@h")
+    assert store.finish(job.id, "failed", attempt=1, error="late").status == "queued"
+    current = store.start(job.id, "gpu1@h:2")
+    assert current is not None and current.attempts == 2
+    store.beat(job.id, {"step": 99}, attempt=1)
+    assert store.get(job.id).progress != {"step": 99}
+    assert store.finish(job.id, "cancelled", attempt=1).status == "running"
+    assert saved.is_file()
+    store.beat(job.id, {"step": 7}, attempt=2)
+    assert store.get(job.id).progress == {"step": 7}
+    assert store.finish(job.id, "succeeded", attempt=2).status == "succeeded"
+    assert not store.work_dir(job.id).exists()
+
+
+def test_a_requeued_job_the_broker_refuses_fails_naming_why(tmp_path: Path) -> None:
+    store = JobStore(tmp_path)
+    job = store.create("continual", "g", {}, by="ops")
+    store.start(job.id, "gpu0@h:1")
+    _checkpoint(store, job.id)
+    store.reap(stale_after_s=0, worker="gpu0@h")
+    failed = store.requeue_failed_to_send(job.id, "broker down")
+    assert failed.status == "failed" and "broker down" in failed.error
+    assert not store.work_dir(job.id).exists()
 
 
 def test_unknown_and_unsafe_job_ids_are_not_found(tmp_path: Path) -> None:

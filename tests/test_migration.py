@@ -112,6 +112,12 @@ def migration_where(client: TestClient, key: str, value: str) -> dict | None:
     return view if view[key] == value else None
 
 
+def switched_and_done(client: TestClient) -> dict | None:
+    """The migration's view once it switched and its job ended (else None)."""
+    view = migration(client)
+    return view if view["state"] == "switched" and view["job_status"] == "succeeded" else None
+
+
 def search(client: TestClient, **query: object) -> dict:
     r = client.post("/v1/galleries/shapes/search", json={"top_k": 5, **query})
     assert r.status_code == 200, r.text
@@ -169,8 +175,9 @@ def test_the_whole_story_through_the_api(micro_versions, world, up_version, tmp_
         assert in_job["total"] == ITEMS and in_job["done"] > 0 and "eta_s" in in_job
         assert progress["eta_s"] is not None and progress["stage"] == "backfill"
 
-        done = wait_for(lambda: migration_where(client, "state", "switched"), 120,
-                        "the switch", proc)
+        # The switch comes first, then the job ends (a view between the two says switched
+        # with the job still running): wait for both.
+        done = wait_for(lambda: switched_and_done(client), 120, "the switch", proc)
         # The searcher's request in flight at the switch may still be answered in v1; the
         # ones after it are answered in v3.
         seen = len(searcher.spaces)
@@ -224,7 +231,7 @@ def test_a_killed_worker_resumes_and_every_item_is_there_once(micro_versions, wo
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         with worker_process(values, tmp_path / "worker-last.log") as proc:
-            done = wait_for(lambda: migration_where(client, "state", "switched"), 120,
+            done = wait_for(lambda: switched_and_done(client), 120,
                             "the switch after two kills", proc)
         record = job(client, started["id"])
         assert record["status"] == "succeeded"

@@ -15,7 +15,7 @@ from typing import Any
 from celery import Celery, signals
 
 from service.state.config import Settings
-from service.state.jobs.broker import SHARD_TASK, celery_config
+from service.state.jobs.broker import SHARD_TASK, TASK, celery_config
 from service.state.jobs.store import JobStore
 from service.state.jobs.workers import Heartbeat
 
@@ -35,14 +35,19 @@ def node_name() -> str:
 @signals.worker_ready.connect
 def _fail_jobs_of_a_previous_life(sender: Any = None, **_: Any) -> None:
     """A (re)started worker fails the jobs its node was running when it died: they cannot
-    still be running, and early acknowledgement means they will not come back. Shards of
-    a sharded job it was running are queued again instead."""
+    still be running, and early acknowledgement means they will not come back. Jobs that
+    saved a checkpoint, and shards of a sharded job, are queued again instead."""
     name = getattr(sender, "hostname", None) or node_name()
     store = JobStore(settings.registry_dir)
     reaped = store.reap(0, worker=name)
-    if reaped:
+    if reaped.failed:
         log.warning("failed %d job(s) left running by a previous life of %s: %s",
-                    len(reaped), name, reaped)
+                    len(reaped.failed), name, reaped.failed)
+    # A job that saved a checkpoint resumes from it: queued again, sent again.
+    for job_id in reaped.requeued:
+        log.warning("job %s was running in a previous life of %s; it resumes from its "
+                    "checkpoint", job_id, name)
+        app.send_task(TASK, args=[job_id], queue=settings.training_queue)
     # A shard resumes where it stopped (its cursor), so it is queued again, not failed.
     for job_id, shard in store.reap_shards(0, worker=name):
         log.warning("shard %d of job %s was running in a previous life of %s; queued again",

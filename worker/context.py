@@ -24,8 +24,10 @@ class Heartbeat:
     """A thread that writes the latest progress and a heartbeat every ``interval_s`` and
     reads the cancel flag back. The training loop only touches memory (cheap per step)."""
 
-    def __init__(self, store: JobStore, job_id: str, interval_s: float) -> None:
+    def __init__(self, store: JobStore, job_id: str, interval_s: float,
+                 attempt: int | None = None) -> None:
         self.store, self.job_id, self.interval_s = store, job_id, interval_s
+        self.attempt = attempt  # this run's start (Job.attempts); None: not checked
         self.progress: dict[str, Any] | None = None
         self.cancelled = threading.Event()
         self._stop = threading.Event()
@@ -47,11 +49,12 @@ class Heartbeat:
 
     def beat(self) -> None:
         try:
-            job = self.store.beat(self.job_id, self.progress)
+            job = self.store.beat(self.job_id, self.progress, self.attempt)
         except Exception:  # a missed beat is retried next interval; never kill the job
             log.exception("heartbeat of %s failed", self.job_id)
             return
-        if job.cancel_requested or job.status != "running":
+        superseded = self.attempt is not None and job.attempts != self.attempt
+        if job.cancel_requested or job.status != "running" or superseded:
             self.cancelled.set()  # asked to stop, or reaped: stop training either way
 
     def report(self, progress: Any) -> None:

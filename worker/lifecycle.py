@@ -28,19 +28,24 @@ def run(job_id: str, settings: Settings, worker: str) -> Job | None:
         log.info("job %s is not queued any more; skipped", job_id)
         return None
     log.info("job %s (%s) started on %s", job.id, job.kind, worker)
-    with Heartbeat(store, job.id, settings.job_heartbeat_s) as heartbeat:
+    if job.attempts > 1:
+        log.warning("job %s: start %d (its previous worker died); it resumes from its "
+                    "checkpoint", job.id, job.attempts)
+    attempt = job.attempts  # a run given up for dead and queued again finishes nothing
+    with Heartbeat(store, job.id, settings.job_heartbeat_s, attempt) as heartbeat:
         try:
             outcome = RUNNERS[job.kind](JobContext(job, settings, store, heartbeat))
         except Cancelled:
-            return store.finish(job.id, "cancelled", progress=heartbeat.progress or {},
+            return store.finish(job.id, "cancelled", attempt, progress=heartbeat.progress or {},
                                 error="cancelled while running; no version was registered")
         except Exception as exc:
             log.exception("job %s failed", job.id)
-            return store.finish(job.id, "failed", progress=heartbeat.progress or {},
+            return store.finish(job.id, "failed", attempt, progress=heartbeat.progress or {},
                                 error=f"{type(exc).__name__}: {exc}")
     if outcome.pop("hand_off", False):  # the gateway applies its spool, then finishes it
         return store.hand_off(job.id, progress=heartbeat.progress or {}, **outcome)
-    return store.finish(job.id, "succeeded", progress=heartbeat.progress or {}, **outcome)
+    return store.finish(job.id, "succeeded", attempt, progress=heartbeat.progress or {},
+                        **outcome)
 
 
 def run_shard(job_id: str, shard: int, settings: Settings, worker: str) -> Job | None:

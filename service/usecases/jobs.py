@@ -1,5 +1,6 @@
 """Jobs: submit (check, record, queue; if the broker refuses, undo the record), list, read,
-cancel. Reads fail running jobs whose worker went silent first (a killed worker). A job is
+cancel. Reads first reap running jobs whose worker went silent (a killed worker): failed, or
+queued again when they saved a checkpoint to resume from. A job is
 only accepted while some worker is alive (its liveness record is fresh): one that nothing
 would run is a 503 now, not a job that stays queued forever."""
 
@@ -93,4 +94,13 @@ async def worker_count(gateway: Gateway) -> int:
 
 
 async def _reap(gateway: Gateway) -> None:
-    await asyncio.to_thread(gateway.jobs.reap, gateway.settings.job_stale_after_s)
+    """Jobs whose worker went silent: failed, or queued again and sent (they resume from
+    their checkpoint); one the broker refuses fails, naming why."""
+    reaped = await asyncio.to_thread(gateway.jobs.reap, gateway.settings.job_stale_after_s)
+    for job_id in reaped.requeued:
+        try:
+            await asyncio.wait_for(asyncio.to_thread(gateway.queue.send, job_id),
+                                   timeout=gateway.settings.broker_timeout_s * 2)
+        except (Unavailable, asyncio.TimeoutError) as exc:
+            await asyncio.to_thread(gateway.jobs.requeue_failed_to_send, job_id,
+                                    str(exc) or "the job queue did not answer")

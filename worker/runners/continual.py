@@ -1,8 +1,10 @@
 """A continual phase (any registered strategy) from the gallery's active version (or
-``parent``), gated and registered as a candidate."""
+``parent``), gated and registered as a candidate. It saves its training state every
+``checkpoint_every`` steps, so a job whose worker dies resumes where it saved."""
 
 from __future__ import annotations
 
+import shutil
 from typing import Any
 
 from service.state.jobs.specs import ContinualParams
@@ -22,8 +24,15 @@ def run_continual(ctx: JobContext) -> dict[str, Any]:
     registry = Registry(ctx.settings.registry_dir)
     parent = registry.artifact(p.parent or registry.gallery(ctx.job.gallery).active)
     check_batches(p.gpus, batch_size=p.batch_size)
+    # A job queued again after its worker died finds the state its last run saved here
+    # and resumes from that step (JobStore.reap); it goes with the work directory.
+    checkpoints = ctx.store.checkpoint_dir(ctx.job.id) if p.checkpoint_every else None
+    if ctx.job.attempts > 1 and ctx.out.exists():  # its last run died after writing it
+        shutil.rmtree(ctx.out)
     options = PhaseOptions(steps=p.steps, batch_size=p.batch_size, seed=p.seed, domain=p.domain,
-                           language=p.language, version_id=p.version_id, show_progress=False)
+                           language=p.language, version_id=p.version_id, show_progress=False,
+                           checkpoint_dir=str(checkpoints) if checkpoints else None,
+                           checkpoint_every=p.checkpoint_every)
     candidate = train_candidate(ctx, p.gpus, run_phase, parent=parent, method=p.method,
                                 data=ctx.open_dataset(p.data, "data"), out=ctx.out,
                                 config=get_strategy(p.method).Config.from_dict(p.config),

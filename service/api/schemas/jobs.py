@@ -49,6 +49,9 @@ class JobOut(BaseModel):
     promoted: bool
     result: dict[str, Any]
     error: str | None
+    attempts: int = Field(0, description="starts so far: a job whose worker died after "
+                                         "saving a checkpoint is queued again and resumes "
+                                         "(result.requeued says when and why)")
     shards: list[dict[str, Any]] = Field(
         default_factory=list, description="a sharded job's shards (migrate): range, state, "
                                           "done/total, worker, attempts")

@@ -56,6 +56,10 @@ class ContinualParams(Params):
     config: dict[str, Any] = Field(default_factory=dict, description="strategy config fields")
     version_id: str | None = Field(None, description="default: generated")
     validation: str | None = Field(None, description="gate data (default: the gallery's)")
+    checkpoint_every: int = Field(
+        100, ge=0, le=10_000_000, description="steps between saves of the whole training "
+        "state (rank 0, in the job's work directory): a job whose worker dies after a save "
+        "is queued again and resumes from it, up to 3 starts; 0: no saves (a killed job fails)")
 
     def check(self, registry: Registry, roots: Roots) -> None:
         from training.continual import get_strategy

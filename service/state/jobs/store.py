@@ -8,7 +8,9 @@ replaced atomically (temp file + rename) under its own file lock, so the gateway
 Lifecycle: ``queued -> running -> succeeded | failed | cancelled``; ``queued ->
 cancelled``. A running job whose heartbeat stops (its worker was killed) is failed
 by :meth:`JobStore.reap`; its work directory, which holds any partial artifact, is
-removed with it.
+removed with it. A job that saved a training checkpoint in its work directory
+(:meth:`JobStore.checkpoint_dir`) is queued again instead, up to ``MAX_ATTEMPTS`` starts,
+and resumes from that checkpoint (``running -> queued``, its ``attempts`` counted).
 
 Jobs whose results the gateway writes into a gallery (``ingest``, ``migrate``) go
 ``running -> applying`` when their workers are done; the gateway finishes them once it has
@@ -40,6 +42,9 @@ STATUSES = ("queued", "running", "applying", *FINISHED)
 SHARD_STATES = ("queued", "running", "done", "failed", "cancelled")
 JOBS = "jobs"
 JOB_ID = re.compile(r"job-[0-9a-f]{12}")
+CHECKPOINTS = "checkpoints"  # under a job's work directory: the saved training state
+CHECKPOINT_FILE = "train_state.pt"  # training.trainer.TrainState.FILE
+MAX_ATTEMPTS = 3  # starts of a resumable job whose workers keep dying, before it fails
 
 
 class JobNotFound(NotFound):
@@ -67,6 +72,7 @@ class Job:
     promoted: bool = False
     result: dict[str, Any] = field(default_factory=dict)  # kind-specific summary
     error: str | None = None
+    attempts: int = 0  # starts so far (a job resumed from its checkpoint starts again)
     # Sharded jobs: {"index", "start", "end", "state", "done", "total", "worker",
     # "heartbeat_at", "attempts", "started_at", "error"} per shard.
     shards: list[dict[str, Any]] = field(default_factory=list)
@@ -97,6 +103,17 @@ class JobStore:
     def work_dir(self, job_id: str) -> Path:
         """Scratch space of a running job (its candidate artifact before registration)."""
         return self.root / f"{job_id}.work"
+
+    def checkpoint_dir(self, job_id: str) -> Path:
+        """Where a training job saves its whole training state: a job whose worker dies
+        after a save is queued again and resumes from it (``reap``)."""
+        return self.work_dir(job_id) / CHECKPOINTS
+
+    def resumable(self, job: Job) -> bool:
+        """Whether a running job whose worker died can go on: it saved a checkpoint and has
+        starts left."""
+        return (not job.shards and job.attempts < MAX_ATTEMPTS
+                and (self.checkpoint_dir(job.id) / CHECKPOINT_FILE).is_file())
 
     # ------------------------------------------------------------ reading
     def get(self, job_id: str) -> Job:
@@ -146,29 +163,41 @@ class JobStore:
                 return job
             now = utc_now()
             return replace(job, status="running", started_at=now, heartbeat_at=now,
-                           worker=worker)
+                           worker=worker, attempts=job.attempts + 1)
         job = self.update(job_id, change)
         return job if job.status == "running" and job.worker == worker else None
 
-    def beat(self, job_id: str, progress: dict[str, Any] | None) -> Job:
-        """Record a heartbeat (and the latest progress) of a running job."""
+    def beat(self, job_id: str, progress: dict[str, Any] | None,
+             attempt: int | None = None) -> Job:
+        """Record a heartbeat (and the latest progress) of a running job (of its run
+        ``attempt``, when given: a run that was superseded records nothing)."""
         def change(job: Job) -> Job:
-            if job.status != "running":
+            if job.status != "running" or (attempt is not None and job.attempts != attempt):
                 return job
             return replace(job, heartbeat_at=utc_now(),
                            progress=progress if progress is not None else job.progress)
         return self.update(job_id, change)
 
-    def finish(self, job_id: str, status: str, **fields: Any) -> Job:
+    def finish(self, job_id: str, status: str, attempt: int | None = None,
+               **fields: Any) -> Job:
+        """The job's final status; its work directory goes. With ``attempt`` (the run's
+        start, ``Job.attempts``), only while that run is the job's current one: a run that
+        was given up for dead and queued again (``reap``) leaves the job to its next run."""
         if status not in FINISHED:
             raise ValueError(f"not a final status: {status}")
+        superseded = False
 
         def change(job: Job) -> Job:
+            nonlocal superseded
+            if attempt is not None and (job.attempts != attempt or job.status == "queued"):
+                superseded = True
+                return job
             if job.finished:
                 return job  # first final word wins (e.g. reaped before the worker returned)
             return replace(job, status=status, ended_at=utc_now(), **fields)
         job = self.update(job_id, change)
-        shutil.rmtree(self.work_dir(job_id), ignore_errors=True)
+        if not superseded:
+            shutil.rmtree(self.work_dir(job_id), ignore_errors=True)
         return job
 
     # ------------------------------------------------------------ shards
@@ -284,22 +313,52 @@ class JobStore:
             return replace(job, cancel_requested=True)
         return self.update(job_id, change)
 
-    def reap(self, stale_after_s: float, worker: str | None = None) -> list[str]:
-        """Fail running jobs whose heartbeat is older than ``stale_after_s`` (or, with
-        ``worker``, every running job of that worker: it restarted, so they are dead)."""
+    def reap(self, stale_after_s: float, worker: str | None = None) -> Reaped:
+        """Running jobs whose heartbeat is older than ``stale_after_s`` (or, with
+        ``worker``, every running job of that worker: it restarted, so they are dead):
+        queued again when they can resume from a checkpoint (``resumable``: the caller
+        sends them to the broker), else failed."""
         limit = datetime.now(timezone.utc) - timedelta(seconds=stale_after_s)
-        reaped = []
+        reaped = Reaped()
         for job in self.list():
             if job.status != "running" or job.shards:
                 continue  # sharded jobs: their shards are reaped (``reap_shards``)
             dead = (job.worker is not None and _same_node(job.worker, worker)
                     if worker is not None else _older(job.heartbeat_at, limit))
-            if dead:
-                since = job.heartbeat_at or job.started_at
-                self.finish(job.id, "failed", error=f"worker lost: no heartbeat from "
-                            f"{job.worker} since {since}; nothing was registered")
-                reaped.append(job.id)
+            if not dead:
+                continue
+            since = job.heartbeat_at or job.started_at
+            lost = f"worker lost: no heartbeat from {job.worker} since {since}"
+            if self.resumable(job) and self._requeue(job, lost):
+                reaped.requeued.append(job.id)
+                continue
+            tries = f" after {job.attempts} starts" if job.attempts >= MAX_ATTEMPTS else ""
+            self.finish(job.id, "failed", error=f"{lost}{tries}; nothing was registered")
+            reaped.failed.append(job.id)
         return reaped
+
+    def _requeue(self, job: Job, why: str) -> bool:
+        """running -> queued for the same run that was found dead; False if it moved on."""
+        def change(current: Job) -> Job:
+            if current.status != "running" or current.attempts != job.attempts:
+                return current
+            return replace(current, status="queued", worker=None,
+                           result={**current.result, "requeued": [
+                               *current.result.get("requeued", []),
+                               {"at": utc_now(), "attempt": current.attempts, "why": why}]})
+        return self.update(job.id, change).status == "queued"
+
+    def requeue_failed_to_send(self, job_id: str, error: str) -> Job:
+        """A job queued again whose message the broker refused: failed, naming why."""
+        def change(job: Job) -> Job:
+            if job.status != "queued":
+                return job
+            return replace(job, status="failed", ended_at=utc_now(),
+                           error=f"could not be queued again after its worker died: {error}")
+        job = self.update(job_id, change)
+        if job.status == "failed":
+            shutil.rmtree(self.work_dir(job_id), ignore_errors=True)
+        return job
 
     # ------------------------------------------------------------ internals
     def _lock(self, job_id: str) -> FileLock:
@@ -313,6 +372,14 @@ class JobStore:
             os.replace(tmp, self._path(job.id))
         finally:
             tmp.unlink(missing_ok=True)
+
+
+@dataclass
+class Reaped:
+    """What ``JobStore.reap`` did: jobs failed, and jobs queued again (to send)."""
+
+    failed: list[str] = field(default_factory=list)
+    requeued: list[str] = field(default_factory=list)
 
 
 def _with_shard(job: Job, index: int, **fields: Any) -> list[dict[str, Any]]:
