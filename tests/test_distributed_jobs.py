@@ -59,9 +59,6 @@ def test_gpus_that_cannot_split_the_batch_are_422(kind, params, needle, micro_ve
         assert client.get("/v1/jobs", headers=ADMIN).json() == []
 
 
-# Three 2-rank jobs, each starting two processes that import torch and open_clip: about
-# 3.5 minutes on a 2-core host, so it runs with the slow tests (make test-slow).
-@pytest.mark.slow
 def test_two_rank_jobs_register_gated_versions_and_cancel_cleanly(micro_versions, world,
                                                                    tmp_path) -> None:
     redis_up()
@@ -175,7 +172,6 @@ launch(train_forever, Path(sys.argv[1]), gpus=2, device="cpu", threads=1)
 """
 
 
-@pytest.mark.slow
 def test_ranks_die_with_a_killed_launcher(tmp_path: Path) -> None:
     """A worker killed outright (SIGKILL to the task's process only) leaves no rank behind:
     each rank dies with its launcher."""
