@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import ADMIN
 from fastapi.testclient import TestClient
@@ -323,3 +324,56 @@ def _png() -> bytes:
     buf = io.BytesIO()
     Image.new("RGB", (32, 32), (10, 200, 10)).save(buf, format="PNG")
     return buf.getvalue()
+
+
+@pytest.mark.parametrize("ahead", [0, 1, 3])
+def test_the_backfill_reader_gives_every_batch_in_order_whatever_it_reads_ahead(
+        world, tmp_path, ahead) -> None:
+    """Reading ahead in a thread changes when a batch is read, never what comes out or in
+    which order; an unreadable source is reported by id; a backfill stopped mid-way (a
+    cancel) leaves no reader running."""
+    import torch
+
+    from service.state.gallery.sources import SourceStore
+    from service.state.paths import Roots
+    from worker.runners.migrate import _Reader
+
+    rows = [json.loads(line) for line in (world / "manifest.jsonl").read_text().splitlines()]
+    items = [{"id": f"w{i}", "kinds": ["image", "text"],
+              "origin": {"image": str(world / rows[i]["image"]),
+                         "text": rows[i]["captions"]["en"][0]}} for i in range(10)]
+    items[4]["origin"]["image"] = str(world / "missing.png")
+    items[7]["origin"] = {"text": "no image kept"}
+    reader = _Reader(SourceStore(tmp_path / "sources"), Roots((world.resolve(),)),
+                     lambda images: torch.stack([torch.tensor(np.array(im)) for im in images]))
+    got = list(reader.batches(items, 2, 3, ahead))
+    assert [first for first, _ in got] == [2, 5, 8]
+    assert [b["n"] for _, b in got] == [3, 3, 2]
+    assert [[u["id"] for u in b["unreadable"]] for _, b in got] == [["w4"], ["w7"], []]
+    assert "no image source was kept" in got[1][1]["unreadable"][0]["reason"]
+    assert got[0][1]["image_rows"] == [0, 1] and sorted(got[0][1]["texts"]) == [0, 1]
+    whole = reader.load(items[2:5])
+    assert torch.equal(got[0][1]["pixels"], whole["pixels"])
+    stream = reader.batches(items, 0, 2, ahead)
+    next(stream)
+    stream.close()  # as a cancel does: nothing keeps reading
+    assert not [t for t in threading.enumerate() if t.name.startswith("backfill-read")]
+
+
+def test_the_backfill_reads_ahead_on_cuda_and_in_line_on_the_cpu_unless_told(
+        monkeypatch) -> None:
+    import torch
+
+    from service.state.config import Settings
+    from worker.runners.migrate import read_ahead
+
+    monkeypatch.delenv("NOBACKFILL_MIGRATION_READ_AHEAD", raising=False)
+    unset = Settings().migration_read_ahead
+    assert unset is None
+    assert read_ahead(unset, torch.device("cpu")) == 0
+    assert read_ahead(unset, torch.device("cuda", 1)) == 1
+    monkeypatch.setenv("NOBACKFILL_MIGRATION_READ_AHEAD", "2")
+    assert read_ahead(Settings().migration_read_ahead, torch.device("cpu")) == 2
+    monkeypatch.setenv("NOBACKFILL_MIGRATION_READ_AHEAD", "-1")
+    with pytest.raises(ValueError, match="migration_read_ahead"):
+        Settings()

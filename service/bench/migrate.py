@@ -280,6 +280,7 @@ class Stack:
         out: dict[str, Any] = {"rate_limit": rate, "kills": 0}
         _poll(lambda: self.view()["progress"]["done"] > 0, 600, "backfill start")
         started = time.monotonic()
+        cpu_before = self.cpu()
         if search is not None:
             out["search"] = self.search_load(*search)
         for k in range(kills):
@@ -290,6 +291,9 @@ class Stack:
             self.start_worker()
         _poll(lambda: self.view()["progress"]["done"] >= total, 7200, "backfill")
         backfilled = time.monotonic()
+        cpu_after = self.cpu()
+        if not kills:  # CPU seconds each side spent while the backfill ran (cores: 2 here)
+            out["cpu_s"] = {k: round(cpu_after[k] - cpu_before[k], 1) for k in cpu_after}
         view = _poll(self.settled, 1800, "the switch")
         forced = None
         if view["state"] == "backfilling" and view["job_status"] == "succeeded":
@@ -310,6 +314,12 @@ class Stack:
                     "to_switch_s": round(switched - submitted, 1),
                     "backfill_items_per_s": round(total / max(backfilled - started, 1e-9), 1)})
         return out
+
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds used so far by the gateway's and the worker's process sessions (each
+        process of a session, and the children it reaped)."""
+        return {"gateway": _session_cpu(_gateway_pid()),
+                "worker": _session_cpu(self.worker.pid) if self.worker else 0.0}
 
     def settled(self) -> dict[str, Any] | None:
         """The migration's view once it switched or its job ended (else None)."""
@@ -356,6 +366,29 @@ def _stack(work: Path) -> Iterator[Stack]:
         finally:
             stack.stop_worker()
             stack.http.close()
+
+
+def _gateway_pid() -> int:
+    """The gateway child of this process (``gateway_process`` starts ``python -m service``)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes().split(b"\0")
+            if int(fields[1]) == os.getpid() and b"service" in cmdline:
+                return int(stat.parent.name)
+    raise SystemExit("bench migrate: the gateway process is gone")
+
+
+def _session_cpu(session: int) -> float:
+    """User + system CPU seconds of every live process in ``session``, with the children
+    each has reaped."""
+    ticks = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[3]) == session:  # fields: state ppid pgrp session ...
+                ticks += sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _poll(check: Any, timeout: float, what: str) -> Any:
@@ -480,6 +513,10 @@ def render(result: dict[str, Any]) -> str:
                          f"the bench switched with force")
     lines.append(f"run A against the encoder reading the files (not the target's baseline): "
                  f"{a['backfill_items_per_s'] / enc['from_files_items_per_s']:.2f}x")
+    if a.get("cpu_s"):
+        lines.append(f"CPU seconds during run A's backfill ({a['backfill_s']} s on "
+                     f"{os.cpu_count()} cores): worker {a['cpu_s']['worker']}, gateway "
+                     f"{a['cpu_s']['gateway']}")
     lines += [(f"timings: run A first item {a['first_item_s']} s, backfill {a['backfill_s']} "
                f"s, to switch {a['to_switch_s']} s; run B to switch {b['to_switch_s']} s"),
               "", "targets:"]

@@ -86,6 +86,10 @@ class Settings(BaseSettings):
     migration_rate_limit: float = Field(
         0.0, ge=0, description="items/s a migration's backfill may embed over all its shards "
         "(a job's rate_limit overrides it); 0: no limit")
+    migration_read_ahead: int | None = Field(
+        None, ge=0, le=8, description="batches a migration's backfill reads (decodes, "
+        "preprocesses) ahead of the forward, in a thread; 0 reads in line; unset: 1 when "
+        "the worker embeds on CUDA, 0 on the CPU (there the reader takes the forward's cores)")
     apply_interval_s: float = Field(
         0.5, ge=0, description="how often the gateway applies what workers spooled (ingest "
         "and migrate jobs) and drives migrations; 0 turns it off (tests drive it)")
