@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -19,6 +20,19 @@ MICRO_CONFIG = {
     "text_cfg": {"context_length": 24, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 1},
 }
 MICRO_PREPROCESS = {"mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25], "interpolation": "bilinear"}
+
+
+def micro_model(text_width: int = 64) -> ModelSpec:
+    """The micro architecture, its text tower ``text_width`` wide (a "new" model differs)."""
+    config = json.loads(json.dumps(MICRO_CONFIG))
+    config["text_cfg"]["width"] = text_width
+    return ModelSpec(config=config, preprocess=dict(MICRO_PREPROCESS))
+
+
+def artifact_tensors(artifact: Any) -> dict[str, torch.Tensor]:
+    """Every tensor of an artifact's weight files, keyed "file:name" (to compare two)."""
+    return {f"{file}:{key}": value for file in artifact.manifest["files"]
+            if file.endswith(".safetensors") for key, value in artifact.tensors(file).items()}
 
 
 @pytest.fixture

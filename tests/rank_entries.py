@@ -31,3 +31,22 @@ def train_forever(world: World, pid_dir: Path, report: Any) -> None:
         if report is not None:
             report(step)
         time.sleep(0.01)
+
+
+class Stopped(Exception):
+    """A rank's run stopped on purpose (as if its worker were killed there)."""
+
+
+def upgrade_stopped_at(world: World, payload: Any, report: Any) -> None:
+    """``training.xbt.upgrade.upgrade(**kwargs)`` on this rank; rank 0 raises ``Stopped`` when
+    it reports step ``step`` of the stage whose progress name contains ``stage`` (before
+    that step's save), which fails the launch and stops the other rank."""
+    from training.xbt.upgrade import upgrade
+
+    kwargs, (stage, step) = payload
+
+    def progress(p: Any) -> None:
+        if stage in p.stage and p.step == step:
+            raise Stopped(f"stopped at {p.stage} step {step}")
+
+    upgrade(**kwargs, device=str(world.device), on_progress=progress if world.is_main else None)

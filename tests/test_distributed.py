@@ -9,7 +9,6 @@ here, in one process.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import MICRO_CONFIG, MICRO_PREPROCESS
+from tests.conftest import artifact_tensors, micro_model
 from tests.rank_entries import fail_on_rank_one, train_forever
 from training.artifacts import Artifact, load_artifact
 from training.continual.phase import run_phase
@@ -46,9 +45,7 @@ TOL = {"rtol": 1e-4, "atol": 2e-6}
 
 
 def _spec(seed_width: int = 64) -> ModelSpec:
-    config = json.loads(json.dumps(MICRO_CONFIG))
-    config["text_cfg"]["width"] = seed_width
-    return ModelSpec(config=config, preprocess=dict(MICRO_PREPROCESS))
+    return micro_model(seed_width)
 
 
 @pytest.fixture(scope="module")
@@ -181,8 +178,7 @@ PROGRESS: list[Any] = []  # what rank 0 reported during the shared launch
 
 
 def _tensors(artifact: Artifact) -> dict[str, torch.Tensor]:
-    return {f"{file}:{key}": value for file in artifact.manifest["files"]
-            if file.endswith(".safetensors") for key, value in artifact.tensors(file).items()}
+    return artifact_tensors(artifact)
 
 
 @pytest.mark.parametrize("method", [name for name, _, _ in RUNS])

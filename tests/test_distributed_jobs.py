@@ -9,7 +9,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import ADMIN
+from conftest import ADMIN, artifact_tensors
 from test_worker import (  # the job-test harness of test_worker.py
     TINY_XBT,
     continual,
@@ -148,19 +148,15 @@ def test_a_killed_two_rank_job_resumes_from_its_checkpoint(micro_versions, world
                         timeout=240)
             assert ref["status"] == "succeeded" and ref["attempts"] == 1, ref["error"]
     registry = Registry(tmp_path / "data" / "registry")
-    resumed, uninterrupted = (_weights(registry.artifact(v)) for v in ("resumed",
+    resumed, uninterrupted = (artifact_tensors(registry.artifact(v)) for v in ("resumed",
                                                                         "uninterrupted"))
     assert resumed.keys() == uninterrupted.keys()
-    parent = _weights(registry.artifact("v1"))
+    parent = artifact_tensors(registry.artifact("v1"))
     moved = [k for k in resumed if k in parent and not torch.equal(parent[k], resumed[k])]
     assert moved, "the phase trained nothing: the comparison would prove nothing"
     for key, value in resumed.items():
         torch.testing.assert_close(value, uninterrupted[key], rtol=1e-4, atol=1e-5, msg=key)
 
-
-def _weights(artifact) -> dict:
-    return {f"{file}:{key}": value for file in artifact.manifest["files"]
-            if file.endswith(".safetensors") for key, value in artifact.tensors(file).items()}
 
 
 LAUNCHER = """

@@ -250,6 +250,7 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
         "pairs": open_dataset(args.pairs, args.skip_bad), "version_id": args.version_id,
         "target_space": args.target_space,
         "validation": open_dataset(args.validation, args.skip_bad) if args.validation else None,
+        "checkpoint_dir": args.checkpoint_dir, "checkpoint_every": args.checkpoint_every,
         }, device=args.device)
     emit(args, art.manifest, f"wrote {art.version_id} to {art.path}: space '{art.space}', "
          f"route into '{art.manifest['target_space']}'\n"
@@ -286,6 +287,11 @@ def add_upgrade_inputs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target-space", help="space to map into (default: the old version's root)")
     p.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when present)")
     add_gpus_option(p)
+    p.add_argument("--checkpoint-dir", help="save each stage's whole training state here; a "
+                                            "run that finds a saved state resumes from it")
+    p.add_argument("--checkpoint-every", type=int, default=0,
+                   help="steps between saves (needs --checkpoint-dir; xbt's stage 2 also saves "
+                        "at every selection point); 0 disables")
     p.add_argument("--skip-bad", action="store_true", help="skip pairs with bad images")
     p.add_argument("--json", action="store_true")
 

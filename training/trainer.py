@@ -77,7 +77,8 @@ class Progress:
 class TrainResult:
     steps: int
     seconds: float
-    losses: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)  # of the steps this run took
+    resumed_from: int = 0  # the step a saved state put the run at (0: from the start)
 
     @property
     def final_loss(self) -> float:
@@ -172,7 +173,7 @@ def train(task: Task, batches: Iterator[Any], groups: list[dict[str, Any]], cfg:
         on_checkpoint = _and_then(on_checkpoint, state.save)
     if not world.is_main:
         on_progress = on_checkpoint = None
-    result, start = TrainResult(first, 0.0), time.perf_counter()
+    result, start = TrainResult(first, 0.0, resumed_from=first), time.perf_counter()
     bar = tqdm(total=cfg.steps, initial=first, desc=desc,
                disable=not (show_progress and world.is_main), dynamic_ncols=True)
     for step in range(first, cfg.steps):

@@ -38,7 +38,7 @@ class Xbt(UpgradeMethod):
 
         phi, anchors, pretrain = stage1(p, self.config, show_progress, on_progress)
         stage2 = train_stage2(p.adapters, phi, p.pairs, self.config, anchors, show_progress,
-                              on_progress)
+                              on_progress, p.saves)
         return phi, {"pretrain": pretrain, **stage2.metrics()}
 
 

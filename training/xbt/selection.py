@@ -156,6 +156,23 @@ class Selector:
                 "curve": [c.point() for c in self.curve], "chosen_step": best.step,
                 "chosen": best.point(), "stage1": self.curve[0].point()}
 
+    def state_dict(self) -> dict[str, Any]:
+        """The curve so far and the best checkpoint with its state (saved with a resumable
+        stage 2's state: a resumed run selects as the uninterrupted one would)."""
+        best = self.best
+        return {"curve": [[c.step, c.t2i, c.i2t] for c in self.curve],
+                "best": None if best is None else {"step": best.step, "t2i": best.t2i,
+                                                   "i2t": best.i2t, "adapters": best.adapters,
+                                                   "phi": best.phi}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.curve = [Checkpoint(int(step), float(t2i), float(i2t))
+                      for step, t2i, i2t in state["curve"]]
+        best = state["best"]
+        self.best = None if best is None else Checkpoint(
+            int(best["step"]), float(best["t2i"]), float(best["i2t"]), best["adapters"],
+            best["phi"])
+
     def _consider(self, step: int, with_adapters: bool) -> None:
         point = Checkpoint(step, *route_recall(self.adapters.model, self.phi, self.validation))
         self.curve.append(point)

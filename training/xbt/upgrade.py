@@ -21,7 +21,7 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,14 @@ from training.errors import ConfigError, DataError
 from training.losses import xbt_anchor_loss, xbt_direct_loss, xbt_loss, xbt_pretrain_loss
 from training.pairs import PairTensors, build_pairs, pair_index_batches
 from training.slerp import OLD_WEIGHTS, old_weights
-from training.trainer import Progress, TrainResult, index_batches, seed_everything, train
+from training.trainer import (
+    Progress,
+    TrainConfig,
+    TrainResult,
+    index_batches,
+    seed_everything,
+    train,
+)
 from training.versions import load_encoder
 from training.xbt.adapters import Adapters
 from training.xbt.config import XbtConfig
@@ -104,6 +111,13 @@ class PretrainTask:
         self.phi, self.cache, self.sigma, self.scale = phi, cache, sigma, scale
         self.noise = torch.Generator().manual_seed(seed + 1)
 
+    def state_dict(self) -> dict[str, Any]:
+        """The noise stream's position (saved with a resumable run's state)."""
+        return {"noise": self.noise.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.noise.set_state(state["noise"])
+
     def losses(self, idx: torch.Tensor) -> dict[str, torch.Tensor]:
         device = next(self.phi.parameters()).device
         world = World.current()
@@ -116,14 +130,16 @@ class PretrainTask:
 
 
 def pretrain_projector(phi: Projector, cache: TextCache, cfg: XbtConfig,
-                       show_progress: bool = True, on_progress: OnProgress = None) -> TrainResult:
-    """Stage 1: train all of phi on the cached text embeddings."""
+                       show_progress: bool = True, on_progress: OnProgress = None,
+                       saves: Saves | None = None) -> TrainResult:
+    """Stage 1: train all of phi on the cached text embeddings (resumable with ``saves``)."""
     phi.train().requires_grad_(True)
     task = PretrainTask(phi, cache, cfg.noise_sigma, cfg.logit_scale, cfg.seed)
+    state_dir, train_cfg = (saves or Saves()).stage("stage1", cfg.pretrain_config())
     result = train(task, index_batches(len(cache.new), cfg.pretrain_batch_size, cfg.seed),
-                   [{"params": list(phi.parameters())}], cfg.pretrain_config(),
+                   [{"params": list(phi.parameters())}], train_cfg,
                    desc="xbt stage 1 (text)", show_progress=show_progress,
-                   on_progress=on_progress)
+                   on_progress=on_progress, state_dir=state_dir)
     phi.eval()
     return result
 
@@ -173,9 +189,10 @@ class XbtTask:
     """
 
     def __init__(self, model: nn.Module, phi: Projector, pairs: PairTensors, cfg: XbtConfig,
-                 anchors: Anchors | None = None) -> None:
+                 anchors: Anchors | None = None, selector: Selector | None = None) -> None:
         self.model, self.phi, self.pairs, self.cfg = model, phi, pairs, cfg
         self.anchors = (anchors or Anchors()).for_config(cfg)
+        self.selector = selector  # its curve and best checkpoint go with a saved state
         corpus = self.anchors.corpus
         self.anchor_batches = (index_batches(len(corpus.tokens), cfg.batch_size, cfg.seed + 2)
                                if corpus is not None else None)
@@ -200,6 +217,15 @@ class XbtTask:
                 v, w, gather(paired.images[images].to(device)),
                 gather(paired.texts[captions].to(device)), self.cfg.logit_scale)
         return out
+
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"selector": self.selector.state_dict() if self.selector is not None else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A resumed stage 2 (rank 0, which selects) takes its curve and best state back."""
+        if self.selector is not None and state.get("selector") is not None:
+            self.selector.load_state_dict(state["selector"])
 
 
 def stage2_groups(adapters: Adapters, phi: Projector, cfg: XbtConfig,
@@ -242,13 +268,15 @@ class Stage2:
 
 def train_stage2(adapters: Adapters, phi: Projector, pairs: PairTensors, cfg: XbtConfig,
                  anchors: Anchors | None = None, show_progress: bool = True,
-                 on_progress: OnProgress = None) -> Stage2:
+                 on_progress: OnProgress = None, saves: Saves | None = None) -> Stage2:
     """Stage 2 on image-text pairs (``adapters.model`` is the new model). Takes no old
     model: XBT never runs it here. With ``cfg.select_every`` and a validation split in
     ``anchors``, the route is scored at step 0 (stage 1 alone) and every ``select_every``
     steps, and the best checkpoint is put back into ``adapters`` and ``phi`` at the end
     (adapters switched off when it is step 0). Under torch.distributed rank 0 selects: it
-    alone writes the artifact."""
+    alone writes the artifact. With ``saves`` the whole state (the selection's curve and
+    best checkpoint included) is saved at every selection point (else every
+    ``saves.every`` steps), and a run that finds one resumes from it."""
     model = adapters.model
     anchors = (anchors or Anchors()).for_config(cfg)
     selector = (Selector(anchors.validation, adapters, phi, cfg.select_every)
@@ -256,17 +284,18 @@ def train_stage2(adapters: Adapters, phi: Projector, pairs: PairTensors, cfg: Xb
     if selector is not None:
         selector.stage1()
     groups = stage2_groups(adapters, phi, cfg, train_phi="layer_norms")
-    train_cfg = cfg.stage2_config()
-    if selector is not None:
+    state_dir, train_cfg = (saves or Saves()).stage("stage2", cfg.stage2_config())
+    if cfg.select_every > 0 and anchors.validation is not None:  # every rank: same cadence
         train_cfg = replace(train_cfg, checkpoint_every=cfg.select_every)
     adapters.train_mode()
     phi.train()
     try:
-        result = train(XbtTask(model, phi, pairs, cfg, anchors),
+        result = train(XbtTask(model, phi, pairs, cfg, anchors, selector),
                        pair_index_batches(pairs, cfg.batch_size, cfg.seed), groups, train_cfg,
                        desc="xbt stage 2 (pairs)", show_progress=show_progress,
                        on_progress=on_progress,
-                       on_checkpoint=selector.at_step if selector is not None else None)
+                       on_checkpoint=selector.at_step if selector is not None else None,
+                       state_dir=state_dir)
     finally:
         model.eval()
         phi.eval()
@@ -300,23 +329,46 @@ class DirectTask:
 
 def train_direct(adapters: Adapters, phi: Projector, pairs: PairTensors,
                  old_images: torch.Tensor, old_texts: torch.Tensor, cfg: XbtConfig,
-                 show_progress: bool = True, on_progress: OnProgress = None) -> TrainResult:
+                 show_progress: bool = True, on_progress: OnProgress = None,
+                 saves: Saves | None = None) -> TrainResult:
     """The Direct baseline: the same adapters and steps as stage 2, phi random and all trained."""
     model = adapters.model
     groups = stage2_groups(adapters, phi, cfg, train_phi="all")
+    state_dir, train_cfg = (saves or Saves()).stage("direct", cfg.stage2_config())
     adapters.train_mode()
     phi.train()
     try:
         return train(DirectTask(model, phi, pairs, old_images, old_texts, cfg.logit_scale),
                      pair_index_batches(pairs, cfg.batch_size, cfg.seed), groups,
-                     cfg.stage2_config(), desc="direct baseline", show_progress=show_progress,
-                     on_progress=on_progress)
+                     train_cfg, desc="direct baseline", show_progress=show_progress,
+                     on_progress=on_progress, state_dir=state_dir)
     finally:
         model.eval()
         phi.eval()
 
 
 # ---------------------------------------------------------------------------- inputs
+@dataclass(frozen=True)
+class Saves:
+    """Where a resumable upgrade saves each training loop's whole state (``directory``/
+    ``stage1``, ``stage2``, ``direct``) and how often (``every`` steps); a run that finds
+    a saved state resumes from it. Empty (the default): nothing is saved."""
+
+    directory: Path | None = None
+    every: int = 0
+
+    def __post_init__(self) -> None:
+        if self.every < 0 or (self.every and self.directory is None):
+            raise ConfigError(f"checkpoint_every ({self.every}) must be >= 0, and > 0 only "
+                              f"with a checkpoint directory")
+
+    def stage(self, name: str, cfg: TrainConfig) -> tuple[Path | None, TrainConfig]:
+        """(state directory, config) of one training loop: unchanged when not saving."""
+        if self.directory is None or not self.every:
+            return None, cfg
+        return self.directory / name, replace(cfg, checkpoint_every=self.every)
+
+
 @dataclass
 class Prepared:
     """Everything an upgrade trains on, resolved and checked before the first step."""
@@ -336,6 +388,7 @@ class Prepared:
     pairs: PairTensors  # new-model preprocessing and tokens
     device: torch.device
     validation: ValidationSet | None = None  # what stage 2 selects on (``select_every``)
+    saves: Saves = field(default_factory=Saves)  # where each stage saves its state
 
     @property
     def new_dim(self) -> int:
@@ -458,7 +511,7 @@ def pretrain_fresh(p: Prepared, cache: TextCache, cfg: XbtConfig, show_progress:
                    on_progress: OnProgress = None) -> tuple[Projector, dict[str, Any]]:
     """Stage 1 on an existing cache: a fresh phi (``cfg.init``) pretrained on it."""
     phi = fresh_projector(p, cache, cfg)
-    result = pretrain_projector(phi, cache, cfg, show_progress, on_progress)
+    result = pretrain_projector(phi, cache, cfg, show_progress, on_progress, p.saves)
     return phi, {"init": cfg.init, **result_metrics(result)}
 
 
@@ -472,7 +525,7 @@ def direct(p: Prepared, cfg: XbtConfig, show_progress: bool = True,
     torch.manual_seed(cfg.seed)
     phi = Projector(p.new_dim, p.target_dim).to(p.device)
     result = train_direct(p.adapters, phi, p.pairs, old_images, old_texts, cfg,
-                          show_progress, on_progress)
+                          show_progress, on_progress, p.saves)
     return phi, {"cache_seconds": cached, **result_metrics(result)}
 
 
@@ -495,8 +548,12 @@ def _old_pair_embeddings(old: Encoder, pairs: PairTensors, dataset: PairDataset,
 
 
 def result_metrics(result: TrainResult) -> dict[str, Any]:
-    return {"steps": result.steps, "seconds": result.seconds, "final_loss": result.final_loss,
-            "first_loss": result.losses[0] if result.losses else None}
+    """A training loop's record in the artifact (a resumed loop's losses are those of the
+    steps it took after ``resumed_from``)."""
+    return {"steps": result.steps, "seconds": result.seconds,
+            "final_loss": result.final_loss if result.losses else None,
+            "first_loss": result.losses[0] if result.losses else None,
+            "resumed_from": result.resumed_from}
 
 
 # ---------------------------------------------------------------------------- the artifact
@@ -550,7 +607,8 @@ def upgrade(old: Artifact, new: Artifact | ModelSpec, corpus: str | Path | Seque
             pairs: PairDataset, out: str | Path, cfg: XbtConfig | None = None,
             version_id: str | None = None, target_space: str | None = None,
             device: str | torch.device | None = None, show_progress: bool = True,
-            on_progress: OnProgress = None, validation: PairDataset | None = None) -> Artifact:
+            on_progress: OnProgress = None, validation: PairDataset | None = None,
+            checkpoint_dir: str | Path | None = None, checkpoint_every: int = 0) -> Artifact:
     """Make ``new`` compatible with ``old``'s (root) space; write the version at ``out``.
 
     ``new``: an artifact (its native model) or a model spec; ``corpus``: captions, a text
@@ -560,15 +618,20 @@ def upgrade(old: Artifact, new: Artifact | ModelSpec, corpus: str | Path | Seque
     Every input is checked before training; on any failure nothing is written.
     ``on_progress`` gets every step of every stage and may raise to stop (cancellation).
     Data-parallel under torch.distributed (``training.distributed.run_ranks``): rank 0
-    alone writes ``out``.
+    alone writes ``out``. With ``checkpoint_dir`` each stage saves its whole state there
+    every ``checkpoint_every`` steps (stage 2 at every selection point when it selects),
+    and a run started again with the same arguments resumes from what it saved.
     """
     cfg = cfg or XbtConfig()
+    saves = Saves(Path(checkpoint_dir) if checkpoint_dir is not None else None,
+                  checkpoint_every)
     if Path(out).exists():
         raise ConfigError(f"{out} already exists; choose another output directory")
     seed_everything(cfg.seed)
     start = time.perf_counter()
     prepared = prepare(old, new, corpus, pairs, cfg, target_space, device, show_progress,
                        validation)
+    prepared.saves = saves
     phi, metrics = train_upgrade(prepared, cfg, show_progress, on_progress)
     metrics["upgrade_seconds"] = time.perf_counter() - start
     metrics["ranks"] = World.current().size

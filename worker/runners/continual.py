@@ -4,14 +4,13 @@
 
 from __future__ import annotations
 
-import shutil
 from typing import Any
 
 from service.state.jobs.specs import ContinualParams
 from service.state.registry import Registry
 from worker.admission import admit
 from worker.context import JobContext
-from worker.runners.ranks import train_candidate
+from worker.runners.ranks import checkpoint_dir, train_candidate
 
 
 def run_continual(ctx: JobContext) -> dict[str, Any]:
@@ -24,14 +23,9 @@ def run_continual(ctx: JobContext) -> dict[str, Any]:
     registry = Registry(ctx.settings.registry_dir)
     parent = registry.artifact(p.parent or registry.gallery(ctx.job.gallery).active)
     check_batches(p.gpus, batch_size=p.batch_size)
-    # A job queued again after its worker died finds the state its last run saved here
-    # and resumes from that step (JobStore.reap); it goes with the work directory.
-    checkpoints = ctx.store.checkpoint_dir(ctx.job.id) if p.checkpoint_every else None
-    if ctx.job.attempts > 1 and ctx.out.exists():  # its last run died after writing it
-        shutil.rmtree(ctx.out)
     options = PhaseOptions(steps=p.steps, batch_size=p.batch_size, seed=p.seed, domain=p.domain,
                            language=p.language, version_id=p.version_id, show_progress=False,
-                           checkpoint_dir=str(checkpoints) if checkpoints else None,
+                           checkpoint_dir=checkpoint_dir(ctx, p.checkpoint_every),
                            checkpoint_every=p.checkpoint_every)
     candidate = train_candidate(ctx, p.gpus, run_phase, parent=parent, method=p.method,
                                 data=ctx.open_dataset(p.data, "data"), out=ctx.out,

@@ -5,7 +5,8 @@ Stage 2 selects its checkpoint (``select_every``) on ``select_holdout`` of the j
 set, held out of training: never on the gallery's validation set, which the gate then
 scores the chosen route on, so the gate stays a check on data the selection never saw.
 The validation curve and the chosen step are in the job's ``result.selection`` (and in
-the artifact's ``metrics.selection``)."""
+the artifact's ``metrics.selection``). Each stage saves its state every
+``checkpoint_every`` steps, so a job whose worker dies resumes where it saved."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from service.state.jobs.specs import ModelRef, XbtParams
 from service.state.registry import Registry
 from worker.admission import admit
 from worker.context import JobContext
-from worker.runners.ranks import train_candidate
+from worker.runners.ranks import checkpoint_dir, train_candidate
 
 
 def run_xbt(ctx: JobContext) -> dict[str, Any]:
@@ -32,7 +33,9 @@ def run_xbt(ctx: JobContext) -> dict[str, Any]:
                                 new=new_model(p.new, registry), corpus=p.corpus,
                                 pairs=ctx.open_dataset(p.pairs, "pairs"), out=ctx.out,
                                 cfg=cfg, version_id=p.version_id,
-                                target_space=gallery.space, show_progress=False)
+                                target_space=gallery.space, show_progress=False,
+                                checkpoint_dir=checkpoint_dir(ctx, p.checkpoint_every),
+                                checkpoint_every=p.checkpoint_every)
     outcome = admit(ctx, candidate)
     selection = candidate.manifest.get("metrics", {}).get("selection")
     return {**outcome, "result": {"selection": selection}} if selection else outcome

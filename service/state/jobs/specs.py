@@ -40,6 +40,15 @@ class Params(BaseModel):
         submission by the process that owns the store (most kinds need none)."""
 
 
+def checkpoint_every_field() -> Any:
+    """``checkpoint_every`` of the training jobs: a job whose worker dies resumes."""
+    return Field(100, ge=0, le=10_000_000, description="steps between saves of the whole "
+                 "training state (rank 0, in the job's work directory; an XBT stage 2 that "
+                 "selects saves at every selection point): a job whose worker dies after a "
+                 "save is queued again and resumes from it, up to 3 starts; 0: no saves (a "
+                 "killed job fails)")
+
+
 class ContinualParams(Params):
     method: str = Field(description="a registered strategy: seqft, modx, ctp, dns, teir, ...")
     data: str = Field(description="dataset directory (manifest.jsonl) or manifest file")
@@ -56,10 +65,7 @@ class ContinualParams(Params):
     config: dict[str, Any] = Field(default_factory=dict, description="strategy config fields")
     version_id: str | None = Field(None, description="default: generated")
     validation: str | None = Field(None, description="gate data (default: the gallery's)")
-    checkpoint_every: int = Field(
-        100, ge=0, le=10_000_000, description="steps between saves of the whole training "
-        "state (rank 0, in the job's work directory): a job whose worker dies after a save "
-        "is queued again and resumes from it, up to 3 starts; 0: no saves (a killed job fails)")
+    checkpoint_every: int = checkpoint_every_field()
 
     def check(self, registry: Registry, roots: Roots) -> None:
         from training.continual import get_strategy
@@ -109,6 +115,7 @@ class XbtParams(Params):
                       "trains on, data-parallel; on a host without CUDA, CPU processes (gloo)")
     version_id: str | None = None
     validation: str | None = None
+    checkpoint_every: int = checkpoint_every_field()
 
     def check(self, registry: Registry, roots: Roots) -> None:
         from training.distributed import check_batches
