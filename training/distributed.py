@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import faulthandler
 import os
 import queue
 import signal
@@ -422,6 +423,7 @@ def _die_with_parent() -> None:
 
 def _rank_main(rank: int, spec: RankSpec, entry: Callable[..., None], payload: Any,
                messages: Any) -> None:
+    faulthandler.enable()  # a rank that crashes (a signal) leaves its stack in the log
     _die_with_parent()
     torch.set_num_threads(spec.threads)
     device = rank_device(rank, spec.device)

@@ -6,6 +6,7 @@ the registry and the galleries as they were."""
 from __future__ import annotations
 
 import logging
+import shutil
 
 from service.state.config import Settings
 from service.state.jobs.store import Job, JobNotFound, JobStore
@@ -28,13 +29,15 @@ def run(job_id: str, settings: Settings, worker: str) -> Job | None:
         log.info("job %s is not queued any more; skipped", job_id)
         return None
     log.info("job %s (%s) started on %s", job.id, job.kind, worker)
-    if job.attempts > 1:
-        log.warning("job %s: start %d (its previous worker died); it resumes from its "
-                    "checkpoint", job.id, job.attempts)
     attempt = job.attempts  # a run given up for dead and queued again finishes nothing
     with Heartbeat(store, job.id, settings.job_heartbeat_s, attempt) as heartbeat:
+        ctx = JobContext(job, settings, store, heartbeat)
+        if attempt > 1:  # its previous worker died, maybe after writing the candidate
+            log.warning("job %s: start %d (its previous worker died); it resumes from its "
+                        "checkpoint", job.id, attempt)
+            shutil.rmtree(ctx.out, ignore_errors=True)
         try:
-            outcome = RUNNERS[job.kind](JobContext(job, settings, store, heartbeat))
+            outcome = RUNNERS[job.kind](ctx)
         except Cancelled:
             return store.finish(job.id, "cancelled", attempt, progress=heartbeat.progress or {},
                                 error="cancelled while running; no version was registered")

@@ -234,8 +234,8 @@ def _encoder_throughput(new: Any, data: dict[str, Any], n: int = 2048,
 class Stack:
     """The gateway and a worker on the embedded default; the bench drives them by HTTP."""
 
-    def __init__(self, work: Path, url: str, env: dict[str, str]) -> None:
-        self.work, self.url, self.env = work, url, env
+    def __init__(self, work: Path, url: str, env: dict[str, str], gateway_pid: int) -> None:
+        self.work, self.url, self.env, self.gateway_pid = work, url, env, gateway_pid
         self.worker: subprocess.Popen | None = None
         self.http = httpx.Client(base_url=url, headers={"X-API-Key": ADMIN_KEY}, timeout=120)
         self.starts = 0
@@ -318,7 +318,7 @@ class Stack:
     def cpu(self) -> dict[str, float]:
         """CPU seconds used so far by the gateway's and the worker's process sessions (each
         process of a session, and the children it reaped)."""
-        return {"gateway": _session_cpu(_gateway_pid()),
+        return {"gateway": _session_cpu(self.gateway_pid),
                 "worker": _session_cpu(self.worker.pid) if self.worker else 0.0}
 
     def settled(self) -> dict[str, Any] | None:
@@ -351,7 +351,7 @@ ADMIN_KEY = "bench-admin"
 
 @contextlib.contextmanager
 def _stack(work: Path) -> Iterator[Stack]:
-    from service.stack.launch import gateway_process
+    from service.stack.launch import gateway_child
 
     settings = _settings(work)
     env = {"NOBACKFILL_DATA_DIR": str(settings.data_dir), "NOBACKFILL_DEVICE": "cpu",
@@ -359,24 +359,13 @@ def _stack(work: Path) -> Iterator[Stack]:
            "NOBACKFILL_ACCESS_LOG": "false", "NOBACKFILL_JOB_STALE_AFTER_S": "10",
            "NOBACKFILL_JOB_HEARTBEAT_S": "1", "NOBACKFILL_WORKER_NAME": "bench@localhost",
            "NOBACKFILL_BOOTSTRAP": "false"}
-    with gateway_process(env, work / "gateway.log") as url:
-        stack = Stack(work, url, env)
+    with gateway_child(env, work / "gateway.log") as (url, gateway):
+        stack = Stack(work, url, env, gateway.pid)
         try:
             yield stack
         finally:
             stack.stop_worker()
             stack.http.close()
-
-
-def _gateway_pid() -> int:
-    """The gateway child of this process (``gateway_process`` starts ``python -m service``)."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, IndexError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            cmdline = (stat.parent / "cmdline").read_bytes().split(b"\0")
-            if int(fields[1]) == os.getpid() and b"service" in cmdline:
-                return int(stat.parent.name)
-    raise SystemExit("bench migrate: the gateway process is gone")
 
 
 def _session_cpu(session: int) -> float:

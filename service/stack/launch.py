@@ -71,6 +71,14 @@ def gateway_process(env: Env, log: Path,
     """``python -m service`` as a child on ``env`` (NOBACKFILL_* settings; a free port is
     picked), its output in ``log``; yields its base URL once /readyz answers, stops it on
     exit."""
+    with gateway_child(env, log, ready_timeout_s) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def gateway_child(env: Env, log: Path, ready_timeout_s: float = 600.0,
+                  ) -> Iterator[tuple[str, subprocess.Popen]]:
+    """``gateway_process``, yielding the child too (its pid leads its own session)."""
     port = free_port()
     env = {**child_env(env), "NOBACKFILL_PORT": str(port), "NOBACKFILL_HOST": "127.0.0.1"}
     with open(log, "w") as out:
@@ -79,7 +87,7 @@ def gateway_process(env: Env, log: Path,
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, proc, ready_timeout_s, log)
-        yield url
+        yield url, proc
     finally:
         stop(proc, 30)
 

@@ -218,7 +218,6 @@ class XbtTask:
                 gather(paired.texts[captions].to(device)), self.cfg.logit_scale)
         return out
 
-
     def state_dict(self) -> dict[str, Any]:
         return {"selector": self.selector.state_dict() if self.selector is not None else None}
 
@@ -279,13 +278,14 @@ def train_stage2(adapters: Adapters, phi: Projector, pairs: PairTensors, cfg: Xb
     ``saves.every`` steps), and a run that finds one resumes from it."""
     model = adapters.model
     anchors = (anchors or Anchors()).for_config(cfg)
+    selects = anchors.validation is not None  # for_config keeps it only with select_every
     selector = (Selector(anchors.validation, adapters, phi, cfg.select_every)
-                if anchors.validation is not None and World.current().is_main else None)
+                if selects and World.current().is_main else None)
     if selector is not None:
         selector.stage1()
     groups = stage2_groups(adapters, phi, cfg, train_phi="layer_norms")
     state_dir, train_cfg = (saves or Saves()).stage("stage2", cfg.stage2_config())
-    if cfg.select_every > 0 and anchors.validation is not None:  # every rank: same cadence
+    if selects:  # every rank checkpoints at the selection points (rank 0 scores them)
         train_cfg = replace(train_cfg, checkpoint_every=cfg.select_every)
     adapters.train_mode()
     phi.train()

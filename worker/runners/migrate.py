@@ -124,7 +124,8 @@ class _Reader:
                             for first in itertools.islice(starts, ahead))
             while reading:
                 first, loaded = reading.popleft()
-                for nxt in itertools.islice(starts, 1):
+                nxt = next(starts, None)
+                if nxt is not None:
                     reading.append((nxt, pool.submit(self.load, items[nxt:nxt + size])))
                 yield first, loaded.result()
         finally:  # stopped (cancelled, failed): what was not started is dropped

@@ -6,7 +6,6 @@ then removes the work directory, and with it any partial artifact)."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from typing import Any
 
@@ -27,7 +26,5 @@ def train_candidate(ctx: JobContext, gpus: int, fn: Callable[..., Any],
 def checkpoint_dir(ctx: JobContext, every: int) -> str | None:
     """Where the job saves its training state (``every`` steps; None when it does not): a
     job queued again after its worker died finds what its last run saved there and resumes
-    (``JobStore.reap``). A candidate its last run wrote before dying is written again."""
-    if ctx.job.attempts > 1 and ctx.out.exists():
-        shutil.rmtree(ctx.out)
+    (``JobStore.reap``)."""
     return str(ctx.store.checkpoint_dir(ctx.job.id)) if every else None

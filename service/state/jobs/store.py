@@ -110,10 +110,11 @@ class JobStore:
         return self.work_dir(job_id) / CHECKPOINTS
 
     def resumable(self, job: Job) -> bool:
-        """Whether a running job whose worker died can go on: it saved a checkpoint and has
-        starts left."""
-        return (not job.shards and job.attempts < MAX_ATTEMPTS
-                and (self.checkpoint_dir(job.id) / CHECKPOINT_FILE).is_file())
+        """Whether a running job whose worker died can go on: it has starts left and saved
+        a training state (directly in its checkpoint directory, or in a stage's folder of
+        it: an XBT upgrade saves ``stage1/``, ``stage2/``)."""
+        saved = self.checkpoint_dir(job.id)
+        return job.attempts < MAX_ATTEMPTS and any(saved.rglob(CHECKPOINT_FILE))
 
     # ------------------------------------------------------------ reading
     def get(self, job_id: str) -> Job:
