@@ -19,8 +19,10 @@ average divides by N again, so every parameter gets exactly dL/dtheta of one pro
 with the whole batch: parameters outside the feature path (the logit scale, TEIR's
 temperature) included, without rescaling any loss. Gathering without gradients would
 give the features' owners only their own rows' paths; DDP's average then scales the
-encoders' gradients by 1/N but not the logit scale's. The cost is one reduce-scatter
-of [B, D] feature gradients per step (torch's functional all-gather, whose backward it is).
+encoders' gradients by 1/N but not the logit scale's. The cost is one all-reduce of the
+[B, D] feature gradients per gathered tensor per step (``_GatherWithGrad``: plain,
+blocking c10d calls; torch's functional all-gather, used before, crashed a gloo rank
+with SIGSEGV in its backward's ``wait_tensor`` about one run in five).
 """
 
 from __future__ import annotations
@@ -41,7 +43,6 @@ from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
-import torch.distributed._functional_collectives as functional_collectives
 import torch.multiprocessing as mp
 
 from training.errors import ConfigError, NobackfillError
@@ -144,12 +145,34 @@ def gather(features: torch.Tensor) -> torch.Tensor:
     if not world.distributed:
         return features
     if features.requires_grad:  # backward: the gathered rows' gradients summed per owner
-        return functional_collectives.all_gather_single(features.contiguous(), 0,
-                                                        dist.group.WORLD)
+        return _GatherWithGrad.apply(features)
+    return _all_gather(features, world)
+
+
+def _all_gather(features: torch.Tensor, world: World) -> torch.Tensor:
     local = _to_comm(features, world)
     parts = [torch.empty_like(local) for _ in range(world.size)]
     dist.all_gather(parts, local)
     return torch.cat(parts, dim=0).to(features.device)
+
+
+class _GatherWithGrad(torch.autograd.Function):
+    """All-gather whose backward gives each rank the sum over ranks of the gradient of its
+    own rows: the gathered gradient [B, ...] is all-reduced and the rank keeps its slice
+    (a reduce-scatter, written with the all-reduce every backend has). Each rank runs the
+    same graph, so the collectives of the backward (these and DDP's) start in the same
+    order everywhere."""
+
+    @staticmethod
+    def forward(ctx: Any, features: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        world = World.current()
+        ctx.rank, ctx.rows = world.rank, len(features)
+        return _all_gather(features.detach(), world)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        total = all_reduce_sum(grad.contiguous())
+        return total[ctx.rank * ctx.rows:(ctx.rank + 1) * ctx.rows]
 
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
