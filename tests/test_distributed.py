@@ -33,7 +33,7 @@ from training.distributed import (
     launch,
     run_ranks,
 )
-from training.encoders import ModelSpec, create_model
+from training.encoders import create_model
 from training.errors import ConfigError
 from training.trainer import TrainConfig
 from training.xbt.config import XbtConfig
@@ -44,9 +44,6 @@ STEPS = 2  # the second step of CTP scores the queue the first one filled
 TOL = {"rtol": 1e-4, "atol": 2e-6}
 
 
-def _spec(seed_width: int = 64) -> ModelSpec:
-    return micro_model(seed_width)
-
 
 @pytest.fixture(scope="module")
 def data() -> PairDataset:
@@ -56,7 +53,7 @@ def data() -> PairDataset:
 @pytest.fixture(scope="module")
 def parent(data: PairDataset, tmp_path_factory: pytest.TempPathFactory) -> Artifact:
     out = tmp_path_factory.mktemp("dist") / "v0"
-    return train_contrastive(_spec(), data, TrainConfig(steps=2, batch_size=16), out,
+    return train_contrastive(micro_model(), data, TrainConfig(steps=2, batch_size=16), out,
                              version_id="v0", show_progress=False)
 
 
@@ -81,13 +78,13 @@ def _xbt(data: PairDataset, parent: Artifact, out: Path, method: str = "xbt") ->
     cfg = XbtConfig(method=method, pretrain_steps=STEPS, pretrain_batch_size=BATCH, steps=STEPS,
                     batch_size=BATCH, lora_dropout=0.0, anchor=anchors, pair_anchor=anchors,
                     seed=5, select_every=0)
-    return {"old": parent, "new": _spec(seed_width=32), "corpus": "synth:64", "pairs": data,
+    return {"old": parent, "new": micro_model(32), "corpus": "synth:64", "pairs": data,
             "out": out / method, "cfg": cfg, "version_id": f"v-{method}",
             "show_progress": False}
 
 
 def _base(data: PairDataset, parent: Artifact, out: Path) -> dict[str, Any]:
-    return {"spec": _spec(), "dataset": data, "out": out / "clip", "version_id": "b",
+    return {"spec": micro_model(), "dataset": data, "out": out / "clip", "version_id": "b",
             "cfg": TrainConfig(steps=STEPS, batch_size=BATCH, lr=1e-3, adam_eps=1e-6),
             "show_progress": False}
 
@@ -177,15 +174,12 @@ def runs(data: PairDataset, parent: Artifact, interrupted: dict[str, Any],
 PROGRESS: list[Any] = []  # what rank 0 reported during the shared launch
 
 
-def _tensors(artifact: Artifact) -> dict[str, torch.Tensor]:
-    return artifact_tensors(artifact)
-
 
 @pytest.mark.parametrize("method", [name for name, _, _ in RUNS])
 def test_two_ranks_of_half_the_batch_train_what_one_process_trains(method, runs,
                                                                    parent) -> None:
     one, two = runs[method]
-    a, b = _tensors(one), _tensors(two)
+    a, b = artifact_tensors(one), artifact_tensors(two)
     assert a.keys() == b.keys()
     for key in a:
         np.testing.assert_allclose(b[key].float().numpy(), a[key].float().numpy(), **TOL,
@@ -205,7 +199,7 @@ def _moved(method: str, trained: Artifact, parent: Artifact) -> float:
         return max(float(v.abs().max()) for k, v in after.items() if "lora_B" in k)
     if method == "clip":  # trained from its seeded initialisation, not from the parent
         torch.manual_seed(0)
-        before = {k: v.detach() for k, v in create_model(_spec()).state_dict().items()}
+        before = {k: v.detach() for k, v in create_model(micro_model()).state_dict().items()}
     else:
         before = parent.tensors("model.safetensors")
     return max(float((after[k].float().reshape(-1)[:before[k].numel()]
@@ -241,7 +235,7 @@ def test_a_stopped_multi_rank_run_resumes_to_the_uninterrupted_artifact(runs,
                                                                        interrupted) -> None:
     uninterrupted, resumed = runs["resume"]
     assert 2 <= interrupted["stopped_at"] < RESUME_STEPS  # stopped mid-run, after a save
-    a, b = _tensors(uninterrupted), _tensors(resumed)
+    a, b = artifact_tensors(uninterrupted), artifact_tensors(resumed)
     assert a.keys() == b.keys() and any(k.startswith("state.safetensors:ctp/") for k in a)
     for key in a:  # same weights, and the same CTP queues (task state restored)
         np.testing.assert_allclose(b[key].float().numpy(), a[key].float().numpy(), **TOL,

@@ -114,9 +114,6 @@ def test_two_rank_jobs_register_gated_versions_and_cancel_cleanly(micro_versions
 RESUME_STEPS = 480
 
 
-# Slow (out of make test): in 2 of about 10 runs on 2026-11-25 rank 0 of the *resumed* run
-# died with SIGSEGV (not understood; the ranks now enable faulthandler, so the next crash
-# leaves its stack in the worker log). Issue 21 stays open on it.
 def test_a_killed_two_rank_job_resumes_from_its_checkpoint(micro_versions, world,
                                                           tmp_path) -> None:
     """A 2-rank continual job saves its training state every 10 steps; its worker (and
@@ -164,7 +161,6 @@ def test_a_killed_two_rank_job_resumes_from_its_checkpoint(micro_versions, world
     assert moved, "the phase trained nothing: the comparison would prove nothing"
     for key, value in resumed.items():
         torch.testing.assert_close(value, uninterrupted[key], rtol=1e-4, atol=1e-5, msg=key)
-
 
 
 LAUNCHER = """

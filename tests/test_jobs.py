@@ -75,8 +75,8 @@ def test_reap_fails_silent_jobs_and_jobs_of_a_restarted_node(tmp_path: Path) -> 
     assert store.reap(stale_after_s=60) == Reaped(failed=[b.id])
 
 
-def _checkpoint(store: JobStore, job_id: str) -> Path:
-    saved = store.checkpoint_dir(job_id) / CHECKPOINT_FILE
+def _checkpoint(store: JobStore, job_id: str, stage: str = "") -> Path:
+    saved = store.checkpoint_dir(job_id) / stage / CHECKPOINT_FILE
     saved.parent.mkdir(parents=True, exist_ok=True)
     saved.write_bytes(b"state")
     return saved
@@ -108,10 +108,14 @@ def test_a_stage_folder_of_saves_counts_as_a_checkpoint(tmp_path: Path) -> None:
     store = JobStore(tmp_path)
     job = store.create("xbt", "g", {}, by="ops")
     store.start(job.id, "gpu0@h:1")
-    saved = store.checkpoint_dir(job.id) / "stage2" / CHECKPOINT_FILE
-    saved.parent.mkdir(parents=True)
-    saved.write_bytes(b"state")
+    _checkpoint(store, job.id, "stage2")
     assert store.reap(stale_after_s=0, worker="gpu0@h") == Reaped(requeued=[job.id])
+
+
+def test_the_store_looks_for_the_file_the_training_loop_saves() -> None:
+    from training.trainer import TrainState
+
+    assert CHECKPOINT_FILE == TrainState.FILE
 
 
 def test_a_dead_job_without_a_saved_checkpoint_fails(

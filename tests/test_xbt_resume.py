@@ -15,7 +15,6 @@ from tests.conftest import artifact_tensors, micro_model
 from training.artifacts import Artifact, load_artifact
 from training.contrastive import train_contrastive
 from training.data import PairDataset, generate_items
-from training.encoders import ModelSpec
 from training.errors import ConfigError
 from training.trainer import TrainConfig
 from training.xbt.config import XbtConfig
@@ -23,9 +22,6 @@ from training.xbt.upgrade import upgrade
 
 STEPS = 12  # per stage; saved every 4 (stage 2 also at every selection point)
 
-
-def _spec(width: int) -> ModelSpec:
-    return micro_model(width)
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +32,7 @@ def data() -> PairDataset:
 
 @pytest.fixture(scope="module")
 def old(data: PairDataset, tmp_path_factory: pytest.TempPathFactory) -> Artifact:
-    return train_contrastive(_spec(64), data, TrainConfig(steps=2, batch_size=16),
+    return train_contrastive(micro_model(64), data, TrainConfig(steps=2, batch_size=16),
                              tmp_path_factory.mktemp("old") / "v0", version_id="v0",
                              show_progress=False)
 
@@ -56,13 +52,10 @@ def _run(method: str, data: PairDataset, old: Artifact, out: Path, checkpoints: 
             seen.append((p.stage.split(" (")[0], p.step))
         if stop_at is not None and stop_at[0] in p.stage and p.step == stop_at[1]:
             raise Stop
-    return upgrade(old, _spec(32), "synth:64", data, out, cfg, version_id=out.name,
+    return upgrade(old, micro_model(32), "synth:64", data, out, cfg, version_id=out.name,
                    device="cpu", show_progress=False, on_progress=progress,
                    checkpoint_dir=checkpoints, checkpoint_every=4 if checkpoints else 0)
 
-
-def _tensors(artifact: Artifact) -> dict[str, torch.Tensor]:
-    return artifact_tensors(artifact)
 
 
 @pytest.mark.parametrize("method,stops", [
@@ -88,7 +81,7 @@ def test_a_stopped_upgrade_resumes_to_the_uninterrupted_artifact(method, stops, 
     assert metrics["stage2" if method == "xbt" else "direct"]["resumed_from"] == 4
     assert whole.manifest["metrics"]["stage2" if method == "xbt" else "direct"][
         "resumed_from"] == 0
-    a, b = _tensors(whole), _tensors(resumed)
+    a, b = artifact_tensors(whole), artifact_tensors(resumed)
     assert a.keys() == b.keys() and a
     for key in a:
         torch.testing.assert_close(b[key], a[key], rtol=1e-5, atol=1e-6, msg=key)
@@ -100,7 +93,7 @@ def test_a_stopped_upgrade_resumes_to_the_uninterrupted_artifact(method, stops, 
 
 def test_checkpoint_every_needs_a_directory(data, old, tmp_path) -> None:
     with pytest.raises(ConfigError, match="checkpoint_every"):
-        upgrade(old, _spec(32), "synth:64", data, tmp_path / "x", XbtConfig(pretrain_steps=2,
+        upgrade(old, micro_model(32), "synth:64", data, tmp_path / "x", XbtConfig(pretrain_steps=2,
                 steps=2), device="cpu", show_progress=False, checkpoint_every=5)
     assert not (tmp_path / "x").exists()
 
@@ -117,7 +110,7 @@ def test_a_stopped_two_rank_xbt_resumes_to_the_uninterrupted_artifact(data, old,
         cfg = XbtConfig(pretrain_steps=STEPS, pretrain_batch_size=16, steps=STEPS,
                         batch_size=16, lora_dropout=0.0, anchor=True, pair_anchor=True,
                         seed=7, select_every=4)
-        return {"old": old, "new": _spec(32), "corpus": "synth:64", "pairs": data,
+        return {"old": old, "new": micro_model(32), "corpus": "synth:64", "pairs": data,
                 "out": out, "cfg": cfg, "version_id": out.name, "show_progress": False,
                 "checkpoint_dir": checkpoints, "checkpoint_every": 4 if checkpoints else 0}
 
@@ -136,7 +129,7 @@ def test_a_stopped_two_rank_xbt_resumes_to_the_uninterrupted_artifact(data, old,
     assert all(p.stage == "xbt stage 2 (pairs)" and p.step > 4 for p in seen)
     run_ranks(2, upgrade, kwargs(tmp_path / "whole", None), device="cpu", threads=1)
     whole, resumed = (load_artifact(tmp_path / name) for name in ("whole", "resumed"))
-    a, b = _tensors(whole), _tensors(resumed)
+    a, b = artifact_tensors(whole), artifact_tensors(resumed)
     assert a.keys() == b.keys() and a
     for key in a:
         torch.testing.assert_close(b[key], a[key], rtol=1e-5, atol=1e-6, msg=key)

@@ -144,30 +144,24 @@ def gather(features: torch.Tensor) -> torch.Tensor:
     world = World.current()
     if not world.distributed:
         return features
-    if features.requires_grad:  # backward: the gathered rows' gradients summed per owner
-        return _GatherWithGrad.apply(features)
-    return _all_gather(features, world)
-
-
-def _all_gather(features: torch.Tensor, world: World) -> torch.Tensor:
-    local = _to_comm(features, world)
-    parts = [torch.empty_like(local) for _ in range(world.size)]
-    dist.all_gather(parts, local)
-    return torch.cat(parts, dim=0).to(features.device)
+    return _GatherWithGrad.apply(features)
 
 
 class _GatherWithGrad(torch.autograd.Function):
-    """All-gather whose backward gives each rank the sum over ranks of the gradient of its
-    own rows: the gathered gradient [B, ...] is all-reduced and the rank keeps its slice
-    (a reduce-scatter, written with the all-reduce every backend has). Each rank runs the
-    same graph, so the collectives of the backward (these and DDP's) start in the same
-    order everywhere."""
+    """All-gather whose backward (when ``features`` requires grad) gives each rank the sum
+    over ranks of the gradient of its own rows: the gathered gradient [B, ...] is
+    all-reduced and the rank keeps its slice (a reduce-scatter, written with the all-reduce
+    every backend has). Each rank runs the same graph, so the collectives of the backward
+    (these and DDP's) start in the same order everywhere."""
 
     @staticmethod
     def forward(ctx: Any, features: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         world = World.current()
         ctx.rank, ctx.rows = world.rank, len(features)
-        return _all_gather(features.detach(), world)
+        local = _to_comm(features, world)
+        parts = [torch.empty_like(local) for _ in range(world.size)]
+        dist.all_gather(parts, local)
+        return torch.cat(parts, dim=0).to(features.device)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
