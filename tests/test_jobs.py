@@ -36,6 +36,21 @@ def test_a_job_runs_once_and_ends_once(tmp_path: Path) -> None:
         store.cancel(job.id)
 
 
+def test_what_the_gateway_counted_survives_the_workers_summary(tmp_path: Path) -> None:
+    # The gateway applies an ingest job's spool while its worker still runs and counts
+    # what it wrote in the job's result; the worker's summary at hand-off and the final
+    # word add to that result, never replace it (CI once saw "items 40, applied 24").
+    store = JobStore(tmp_path)
+    job = store.create("ingest", "g", {}, by="ops")
+    store.start(job.id, "w@h:1")
+    store.update(job.id, lambda j: replace(j, result={**j.result, "applied": 16}))
+    handed = store.hand_off(job.id, result={"items": 40})
+    assert handed.status == "applying" and handed.result == {"applied": 16, "items": 40}
+    store.update(job.id, lambda j: replace(j, result={**j.result, "applied": 40}))
+    done = store.finish(job.id, "succeeded", result={"note": "ok"})
+    assert done.result == {"applied": 40, "items": 40, "note": "ok"}
+
+
 def test_cancel_a_queued_job_at_once_and_flag_a_running_one(tmp_path: Path) -> None:
     store = JobStore(tmp_path)
     queued = store.create("evaluate", "g", {}, by="ops")

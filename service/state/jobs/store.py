@@ -195,7 +195,7 @@ class JobStore:
                 return job
             if job.finished:
                 return job  # first final word wins (e.g. reaped before the worker returned)
-            return replace(job, status=status, ended_at=utc_now(), **fields)
+            return _with(job, status=status, ended_at=utc_now(), **fields)
         job = self.update(job_id, change)
         if not superseded:
             shutil.rmtree(self.work_dir(job_id), ignore_errors=True)
@@ -299,7 +299,7 @@ class JobStore:
         def change(job: Job) -> Job:
             if job.finished:
                 return job
-            return replace(job, status="applying", **fields)
+            return _with(job, status="applying", **fields)
         return self.update(job_id, change)
 
     def cancel(self, job_id: str) -> Job:
@@ -373,6 +373,15 @@ class JobStore:
             os.replace(tmp, self._path(job.id))
         finally:
             tmp.unlink(missing_ok=True)
+
+
+def _with(job: Job, **fields: Any) -> Job:
+    """``job`` with ``fields`` replaced, except ``result``, which is merged: several
+    writers add to it (the gateway counts what it applied from a job's spool while the job
+    runs; a requeue notes why), and a worker's final summary must not erase theirs."""
+    if "result" in fields:
+        fields["result"] = {**job.result, **(fields["result"] or {})}
+    return replace(job, **fields)
 
 
 @dataclass
