@@ -177,7 +177,7 @@ async def drive(gateway: Gateway, record: GalleryRecord) -> list[tuple[str, int]
     else:
         outcome["switch_refused"] = "auto_switch is off: switch with POST .../migration/switch"
     await asyncio.to_thread(gateway.jobs.finish, job.id, "succeeded",
-                            result={**job.result, **outcome})
+                            result=outcome)
     return []
 
 
@@ -191,7 +191,7 @@ async def settle(gateway: Gateway, record: GalleryRecord) -> None:
         return  # its record is gone: nothing to end
     if not job.finished:
         await asyncio.to_thread(gateway.jobs.finish, job.id, "succeeded",
-                                result={**job.result, "switched": True})
+                                result={"switched": True})
 
 
 def _with_result(job: Job, **fields: Any) -> Job:
