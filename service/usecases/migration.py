@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -90,8 +90,9 @@ async def prepare(gateway: Gateway, job: Job) -> list[int]:
         await gateway.runtime.refresh()  # this replica writes both sides from here on
         items, versions = await asyncio.to_thread(_listing, gateway, job.gallery, source)
         planned = await asyncio.to_thread(_write_shards, gateway, job, _plan(items, params.shards))
-        await asyncio.to_thread(gateway.jobs.update, job.id, lambda j: _with_result(
-            j, planned_shards=len(planned), listed=len(items), embedded_by=versions))
+        await asyncio.to_thread(gateway.jobs.update, job.id, lambda j: j.merged(
+            result={"planned_shards": len(planned), "listed": len(items),
+                    "embedded_by": versions}))
     except BaseException:
         await abort(gateway, job.gallery, job.id)
         raise
@@ -194,10 +195,6 @@ async def settle(gateway: Gateway, record: GalleryRecord) -> None:
                                 result={"switched": True})
 
 
-def _with_result(job: Job, **fields: Any) -> Job:
-    return replace(job, result={**job.result, **fields})
-
-
 def _rounds(job: Job) -> int:
     """Catch-up rounds so far: backfill shards added after the first plan."""
     first = int(job.result.get("planned_shards", 0))
@@ -241,7 +238,7 @@ async def abort(gateway: Gateway, gallery: str, job_id: str) -> None:
                   "gallery serves as before)")
     else:
         await asyncio.to_thread(gateway.jobs.update, job_id,
-                                lambda j: _with_result(j, undone=True))
+                                lambda j: j.merged(result={"undone": True}))
     log.warning("migration of %s (job %s) undone", gallery, job_id)
 
 

@@ -81,6 +81,14 @@ class Job:
     def finished(self) -> bool:
         return self.status in FINISHED
 
+    def merged(self, **fields: Any) -> Job:
+        """This job with ``fields`` replaced, except ``result``, which is merged: several
+        writers add to it (the gateway counts what it applied from a job's spool while the
+        job runs; a requeue notes why), and a worker's final summary must not erase theirs."""
+        if "result" in fields:
+            fields["result"] = {**self.result, **fields["result"]}
+        return replace(self, **fields)
+
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -195,7 +203,7 @@ class JobStore:
                 return job
             if job.finished:
                 return job  # first final word wins (e.g. reaped before the worker returned)
-            return _with(job, status=status, ended_at=utc_now(), **fields)
+            return job.merged(status=status, ended_at=utc_now(), **fields)
         job = self.update(job_id, change)
         if not superseded:
             shutil.rmtree(self.work_dir(job_id), ignore_errors=True)
@@ -299,7 +307,7 @@ class JobStore:
         def change(job: Job) -> Job:
             if job.finished:
                 return job
-            return _with(job, status="applying", **fields)
+            return job.merged(status="applying", **fields)
         return self.update(job_id, change)
 
     def cancel(self, job_id: str) -> Job:
@@ -343,10 +351,9 @@ class JobStore:
         def change(current: Job) -> Job:
             if current.status != "running" or current.attempts != job.attempts:
                 return current
-            return replace(current, status="queued", worker=None,
-                           result={**current.result, "requeued": [
-                               *current.result.get("requeued", []),
-                               {"at": utc_now(), "attempt": current.attempts, "why": why}]})
+            requeued = {"at": utc_now(), "attempt": current.attempts, "why": why}
+            return current.merged(status="queued", worker=None, result={
+                "requeued": [*current.result.get("requeued", []), requeued]})
         return self.update(job.id, change).status == "queued"
 
     def requeue_failed_to_send(self, job_id: str, error: str) -> Job:
@@ -373,15 +380,6 @@ class JobStore:
             os.replace(tmp, self._path(job.id))
         finally:
             tmp.unlink(missing_ok=True)
-
-
-def _with(job: Job, **fields: Any) -> Job:
-    """``job`` with ``fields`` replaced, except ``result``, which is merged: several
-    writers add to it (the gateway counts what it applied from a job's spool while the job
-    runs; a requeue notes why), and a worker's final summary must not erase theirs."""
-    if "result" in fields:
-        fields["result"] = {**job.result, **(fields["result"] or {})}
-    return replace(job, **fields)
 
 
 @dataclass
