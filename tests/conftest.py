@@ -58,12 +58,25 @@ ADMIN_KEY = "admin-key"
 ADMIN = {"X-API-Key": ADMIN_KEY}
 
 
-def register_gated(registry, path: Path, by: str = "fixture"):
+def bound(report: dict[str, Any], gallery: str = "shapes", incumbent: str = "v1",
+          validation: str | None = None) -> dict[str, Any]:
+    """``report`` bound as the worker binds what it measures: for ``gallery`` served by
+    ``incumbent``, on ``validation`` as it is now, under the default criterion (a report
+    counts only where it was measured)."""
+    from service.state.registry.gates import Binding, GatePolicy, validation_digest
+
+    return Binding(gallery, incumbent, validation, validation_digest(validation),
+                   GatePolicy.default()).apply(report)
+
+
+def register_gated(registry, path: Path, by: str = "fixture", gallery: str = "shapes",
+                   incumbent: str = "v1"):
     """Register a fixture artifact with its manifest's ``gate`` as the report of a gate the
     service ran (the registry trusts only a report handed in by the worker's admission;
-    it drops one that merely sits in a manifest)."""
+    it drops one that merely sits in a manifest), measured for ``gallery`` against
+    ``incumbent`` (the fixtures' gallery 'shapes' is served by v1, without validation set)."""
     gate = json.loads((Path(path) / "manifest.json").read_text()).get("gate")
-    return registry.register(path, by=by, gate=gate)
+    return registry.register(path, by=by, gate=bound(gate, gallery, incumbent) if gate else None)
 
 
 @pytest.fixture(scope="session")

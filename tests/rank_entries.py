@@ -38,10 +38,10 @@ class Stopped(Exception):
 
 
 def upgrade_stopped_at(world: World, payload: Any, report: Any) -> None:
-    """``training.xbt.upgrade.upgrade(**kwargs)`` on this rank; rank 0 raises ``Stopped`` when
+    """``training.upgrades.run.upgrade(**kwargs)`` on this rank; rank 0 raises ``Stopped`` when
     it reports step ``step`` of the stage whose progress name contains ``stage`` (before
     that step's save), which fails the launch and stops the other rank."""
-    from training.xbt.upgrade import upgrade
+    from training.upgrades.run import upgrade
 
     kwargs, (stage, step) = payload
 

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from training.adapters import MAPS, AdapterFitConfig, slerp
-from training.adapters.fit import Sample, fit_adapter, sample_from_dataset
-from training.adapters.maps import procrustes, ridge_affine
 from training.artifacts import load_artifact
 from training.data import PairDataset
 from training.errors import ConfigError
+from training.upgrades.adapter import MAPS, AdapterFitConfig, slerp
+from training.upgrades.adapter.fit import Sample, fit_adapter, sample_from_dataset
+from training.upgrades.adapter.maps import procrustes, ridge_affine
 from training.versions import load_encoder
 
 
@@ -189,8 +189,8 @@ def test_xbt_can_start_phi_from_the_procrustes_fit() -> None:
     records its skip branch so the route rebuilds it."""
     from types import SimpleNamespace
 
-    from training.xbt.config import XbtConfig
-    from training.xbt.upgrade import TextCache, fresh_projector
+    from training.upgrades.xbt.config import XbtConfig
+    from training.upgrades.xbt.stage1 import TextCache, fresh_projector
 
     new, rotation = _unit(300, 16, 20), torch.linalg.qr(torch.randn(
         16, 16, generator=torch.Generator().manual_seed(21)))[0]

@@ -73,7 +73,7 @@ def test_upgrade_help_lists_the_method_settings(method: str,
 
 
 def test_upgrade_settings_are_parsed_by_the_method_config() -> None:
-    from training.xbt import get_upgrade
+    from training.upgrades import get_upgrade
 
     args = build_parser().parse_args(["upgrade", "xbt", *UPGRADE, "--set", "anchor=true",
                                       "--set", "pretrain-steps=5", "--set", "lr=3e-4"])

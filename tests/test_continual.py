@@ -35,8 +35,8 @@ from training.losses import (
     modx_distill_loss,
 )
 from training.pairs import PairTensors
+from training.routes import native_model
 from training.trainer import TrainConfig
-from training.versions import native_model
 
 FAST = {"steps": 3, "batch_size": 16, "show_progress": False}
 

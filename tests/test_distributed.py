@@ -36,8 +36,8 @@ from training.distributed import (
 from training.encoders import create_model
 from training.errors import ConfigError
 from training.trainer import TrainConfig
-from training.xbt.config import XbtConfig
-from training.xbt.upgrade import upgrade
+from training.upgrades.run import upgrade
+from training.upgrades.xbt.config import XbtConfig
 
 BATCH = 16  # the global batch: 8 per rank with 2 ranks
 STEPS = 2  # the second step of CTP scores the queue the first one filled

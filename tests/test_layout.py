@@ -4,9 +4,18 @@ back through others.
 Rules (DESIGN.md, "Parts and where they live"):
 - ``training`` is a library: it imports neither ``service`` nor ``worker``, nor any web or
   queue framework, not even by string (``importlib.import_module``, ``__import__``).
-- ``worker`` imports only the shared state layer of the gateway (``service.state``).
+- ``worker`` imports only the shared state layer of the gateway (``service.state``) and
+  where vectors are embedded and written (``service.vectors``).
+- ``service.vectors`` imports only ``service.state`` (and ``training``).
 - ``service`` never imports ``worker``.
-- No import cycle between modules (imports inside functions count too).
+- Inside ``service``, layers point down (``SERVICE_LAYERS``): ``api -> usecases -> runtime
+  -> jobkinds -> vectors -> state``; a module imports its own layer and those below, and
+  no layer imports the entry points above them (``service.stack``, ``service.bench``; only
+  ``service.api`` imports the page, ``service.web``).
+- No import cycle between modules (imports inside functions count too, and so do modules
+  named by string: ``import_module("x")``, a constant ``"x"`` or ``"x:attr"`` naming a
+  project module, and the entry points of ``pyproject.toml``, from the module that loads
+  their group).
 
 Run this file alone (``pytest tests/test_layout.py -q -s``) to print the import graph's
 summary.
@@ -24,6 +33,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("training", "service", "worker")
 FRAMEWORKS = ("fastapi", "celery", "uvicorn", "starlette", "kombu")
+WORKER_MAY_IMPORT = ("service.state", "service.vectors", "service.jobkinds")  # of service
+# service's layers, top to bottom (README, "where / what"): each imports only its own and
+# those below it. ``jobkinds`` sits under the runtime: a kind's gateway hooks get the gateway
+# as an argument (``service.jobkinds.base.GatewayPort``), so the worker, which imports
+# every kind, never loads the runtime.
+SERVICE_LAYERS = ("service.api", "service.usecases", "service.runtime", "service.jobkinds",
+                  "service.vectors", "service.state")
+VECTORS_MAY_IMPORT = ("service.state", "service.vectors")
 
 
 def module_name(path: Path) -> str:
@@ -109,16 +126,68 @@ def violations() -> list[str]:
             if top == "training" and target.split(".")[0] in ("service", "worker"):
                 found.append(f"{module} -> {target} (training is a library)")
             if top == "worker" and target.startswith("service") \
-                    and not target.startswith("service.state"):
-                found.append(f"{module} -> {target} (worker may import service.state only)")
+                    and not target.startswith(WORKER_MAY_IMPORT):
+                found.append(f"{module} -> {target} (worker may import "
+                             f"{' and '.join(WORKER_MAY_IMPORT)} only)")
+            if module.startswith("service.vectors") and target.startswith("service") \
+                    and not target.startswith(VECTORS_MAY_IMPORT):
+                found.append(f"{module} -> {target} (service.vectors imports service.state "
+                             f"only)")
             if top == "service" and target.startswith("worker"):
                 found.append(f"{module} -> {target} (service never imports worker)")
+            found += _layer_violations(module, target)
         if top == "training":
             found += [f"{module} -> {name} (training imports no web or queue framework)"
                       for name in sorted(external(module) & set(FRAMEWORKS))]
             found += [f"{module} names {text!r} (training is a library, even by string)"
                       for text in upward_strings(modules()[module])]
     return found
+
+
+def layer_of(module: str) -> int | None:
+    """The index of ``module``'s layer in SERVICE_LAYERS (0: top); None outside them."""
+    for n, layer in enumerate(SERVICE_LAYERS):
+        if module == layer or module.startswith(layer + "."):
+            return n
+    return None
+
+
+def _layer_violations(module: str, target: str) -> list[str]:
+    mine, theirs = layer_of(module), layer_of(target)
+    if mine is None or not target.startswith("service"):
+        return []
+    if theirs is not None and theirs < mine:
+        return [(f"{module} -> {target} ({SERVICE_LAYERS[mine]} is below "
+                 f"{SERVICE_LAYERS[theirs]}: layers point down)")]
+    if theirs is None and not (target == "service" or (
+            mine == 0 and target.startswith("service.web"))):
+        return [f"{module} -> {target} (the layers import no entry point above them)"]
+    return []
+
+
+def string_edges(known: Collection[str]) -> dict[str, set[str]]:
+    """module -> the project modules it names by string: a constant that is a module's
+    dotted name, or ``"module:attr"`` (an entry-point or app string), and for the module
+    that loads an entry-point group (names the group), every entry point in that group."""
+    groups = entry_point_groups()
+    found: dict[str, set[str]] = {}
+    for module, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+                continue
+            named = {node.value.split(":")[0]} | groups.get(node.value, set())
+            found.setdefault(module, set()).update(n for n in named
+                                                   if n in known and n != module)
+    return found
+
+
+def entry_point_groups() -> dict[str, set[str]]:
+    """``pyproject.toml``'s entry-point groups: group -> the modules its points name."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return {group: {value.split(":")[0] for value in points.values()}
+            for group, points in project.get("entry-points", {}).items()}
 
 
 def upward_strings(path: Path) -> list[str]:
@@ -210,6 +279,35 @@ def test_dependencies_point_one_way() -> None:
 
 def test_no_import_cycles() -> None:
     assert cycles(edges()) == []
+
+
+def test_no_cycles_through_string_imports_and_entry_points() -> None:
+    graph = edges()
+    for module, named in string_edges(set(graph)).items():
+        graph[module] = graph[module] | named
+    assert cycles(graph) == []
+
+
+def test_the_string_reader_sees_module_names_and_entry_points() -> None:
+    named = string_edges(set(modules()))
+    assert {"service.stack.demo", "service.bench"} <= named["training.cli"]
+
+
+@pytest.mark.parametrize(("module", "target", "bad"), [
+    ("service.usecases.jobs", "service.api.schemas.jobs", True),
+    ("service.runtime.gateway", "service.usecases.jobs", True),
+    ("service.state.jobs.store", "service.jobkinds", True),
+    ("service.jobkinds.base", "service.runtime.gateway", True),
+    ("service.vectors.writer", "service.jobkinds.base", True),
+    ("service.state.paths", "service.stack.launch", True),
+    ("service.api.routes.jobs", "service.usecases.jobs", False),
+    ("service.api.routes.web", "service.web", False),
+    ("service.usecases.applier", "service.jobkinds", False),
+    ("service.jobkinds.ingest", "service.vectors.ingest", False),
+    ("service.stack.launch", "service.api.app", False),
+])
+def test_service_layers_point_down(module: str, target: str, bad: bool) -> None:
+    assert bool(_layer_violations(module, target)) is bad
 
 
 def test_top_level_layout() -> None:

@@ -16,8 +16,8 @@ from training.continual import get_strategy
 from training.continual.strategy import StrategyConfig
 from training.errors import ConfigError
 from training.method_registry import MethodRegistry
-from training.xbt.config import AdapterConfig, XbtConfig
-from training.xbt.registry import UPGRADES, UpgradeMethod, get_upgrade, register_upgrade
+from training.upgrades.registry import UPGRADES, UpgradeMethod, get_upgrade, register_upgrade
+from training.upgrades.xbt.config import AdapterConfig, XbtConfig
 
 
 @dataclass
@@ -149,7 +149,7 @@ def echo_method():
 
 
 def test_a_registered_method_runs_without_touching_the_upgrade_code(echo_method) -> None:
-    from training.xbt.upgrade import train_upgrade
+    from training.upgrades.run import train_upgrade
 
     cfg = XbtConfig(method="echo", steps=2)
     pairs = SimpleNamespace(pixels=[0] * 3, tokens=[0] * 5)
@@ -169,8 +169,8 @@ def test_training_has_no_import_cycles() -> None:
 
 def test_method_names_and_settings_load_without_torch() -> None:
     """The CLI builds ``upgrade NAME`` subcommands and their --help from these."""
-    code = ("import sys, training.xbt, training.xbt.config, training.config; "
-            "print(sorted(training.xbt.UPGRADES), 'torch' in sys.modules)")
+    code = ("import sys, training.upgrades, training.upgrades.xbt.config, training.config; "
+            "print(sorted(training.upgrades.UPGRADES), 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.split() == ["['direct',", "'xbt']", "False"]

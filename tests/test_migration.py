@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ADMIN
+from conftest import ADMIN, bound
 from fastapi.testclient import TestClient
 from test_worker import gateway, job, job_settings, redis_up, wait_for, worker_process
 
@@ -45,9 +45,9 @@ def up_version(micro_versions: dict[str, Path], world: Path,
     v1 fitted on v1's own vectors (close to the identity). So new->new and the route
     new->old retrieve alike and the migration gate passes: these tests are about the
     mechanism, not the model."""
-    from training.adapters import AdapterFitConfig
-    from training.adapters.fit import fit_adapter, sample_from_dataset
     from training.artifacts import load_artifact
+    from training.upgrades.adapter import AdapterFitConfig
+    from training.upgrades.adapter.fit import fit_adapter, sample_from_dataset
 
     root = tmp_path_factory.mktemp("up")
     relabelled = root / "v1-as-v3"
@@ -89,7 +89,8 @@ def migrating_stack(tmp_path: Path, micro_versions: dict[str, Path], world: Path
                     json={"ids": [f"t{i}" for i in range(5)]})  # the fixture's text items
         add(client, world_items(world, range(ITEMS)))
         registry = Registry(Path(values["data_dir"]) / "registry")
-        registry.register(up, by="test", gate={"passed": True, "note": "test fixture"})
+        registry.register(up, by="test", gate=bound({"passed": True, "note": "test fixture"},
+                                                    validation=str(world)))
         r = client.post("/v1/models/up/promote", headers=ADMIN, json={"gallery": "shapes"})
         assert r.status_code == 200, r.text
         yield client, values
@@ -334,9 +335,9 @@ def test_the_backfill_reader_gives_every_batch_in_order_whatever_it_reads_ahead(
     cancel) leaves no reader running."""
     import torch
 
-    from service.state.gallery.sources import SourceStore
     from service.state.paths import Roots
-    from worker.runners.migrate import _Reader
+    from service.vectors.backfill import OriginReader
+    from service.vectors.sources import SourceStore
 
     rows = [json.loads(line) for line in (world / "manifest.jsonl").read_text().splitlines()]
     items = [{"id": f"w{i}", "kinds": ["image", "text"],
@@ -344,8 +345,8 @@ def test_the_backfill_reader_gives_every_batch_in_order_whatever_it_reads_ahead(
                          "text": rows[i]["captions"]["en"][0]}} for i in range(10)]
     items[4]["origin"]["image"] = str(world / "missing.png")
     items[7]["origin"] = {"text": "no image kept"}
-    reader = _Reader(SourceStore(tmp_path / "sources"), Roots((world.resolve(),)),
-                     lambda images: torch.stack([torch.tensor(np.array(im)) for im in images]))
+    reader = OriginReader(SourceStore(tmp_path / "sources"), Roots((world.resolve(),)),
+                          lambda images: torch.stack([torch.tensor(np.array(im)) for im in images]))
     got = list(reader.batches(items, 2, 3, ahead))
     assert [first for first, _ in got] == [2, 5, 8]
     assert [b["n"] for _, b in got] == [3, 3, 2]
@@ -365,7 +366,7 @@ def test_the_backfill_reads_ahead_on_cuda_and_in_line_on_the_cpu_unless_told(
     import torch
 
     from service.state.config import Settings
-    from worker.runners.migrate import read_ahead
+    from service.vectors.backfill import read_ahead
 
     monkeypatch.delenv("NOBACKFILL_MIGRATION_READ_AHEAD", raising=False)
     unset = Settings().migration_read_ahead

@@ -101,6 +101,74 @@ def test_a_forced_promotion_shows_as_forced(client: TestClient,
     assert (v2["gate_status"], v2["forced"]) == ("passed", [])
 
 
+def evaluate(client: TestClient, version: str, gallery: str) -> dict:
+    """An evaluate job run to its end by the worker's own code, in this process."""
+    from worker.lifecycle import run
+
+    gateway = gateway_of(client)
+    job = gateway.jobs.create("evaluate", gallery, {"version": version}, by="ops")
+    done = run(job.id, gateway.settings, "test-worker")
+    assert done is not None and done.status == "succeeded", done and done.error
+    return done.gate
+
+
+def test_a_gate_passed_on_another_gallery_does_not_promote(client: TestClient,
+                                                          micro_versions: dict[str, Path],
+                                                          tmp_path: Path) -> None:
+    """Issue 30's reproduction: 'bad' (random weights) fails the gate on 'shapes' (here:
+    it has no validation set); 'wash', a gallery in the same space served by 'bad' with a
+    4-image validation set, gates it against itself and passes. 'bad' must stay out of
+    'shapes' (409 naming the report), and both reports show where they were measured."""
+    bad = copy_as(micro_versions["v2"], tmp_path / "bad", "bad")
+    assert client.post("/v1/models", headers=ADMIN, json={"source": str(bad)}).status_code \
+        == 201
+    assert evaluate(client, "bad", "shapes")["passed"] is False
+    r = client.post("/v1/models/bad/promote", headers=ADMIN, json={"gallery": "shapes"})
+    assert "did not pass" in assert_error(r, 409, "gate_failed")["message"]
+    write_dataset(tmp_path / "wash-set", 4, seed=5, languages=("en",), image_size=16)
+    r = client.post("/v1/galleries", headers=ADMIN, json={
+        "name": "wash", "space": "v1", "version": "bad", "validation": str(tmp_path / "wash-set")})
+    assert r.status_code == 201, r.text
+    assert evaluate(client, "bad", "wash")["passed"] is True  # against itself
+    r = client.post("/v1/models/bad/promote", headers=ADMIN, json={"gallery": "shapes"})
+    message = assert_error(r, 409, "gate_failed")["message"]
+    assert "gallery 'shapes'" in message and "did not pass" in message
+    shapes = client.get("/v1/galleries/shapes", headers=ADMIN).json()
+    assert shapes["active"] == "v1" and len(shapes["history"]) == 1
+    assert search(client, text="a red circle")["version"] == "v1"
+    gates = client.get("/v1/models/bad", headers=ADMIN).json()["gates"]
+    assert [(g["gallery"], g["incumbent"], g["passed"], g["current"]) for g in gates] == [
+        ("shapes", "v1", False, True), ("wash", "bad", True, True)]
+    assert gates[0]["validation_digest"] is None
+    assert gates[1]["validation_digest"].startswith("sha256:")
+    assert gates[1]["criterion"] == {"metric": "R@1", "margin": 0.0, "retention_limit": 0.02,
+                                     "max_negative_flip": None}
+    assert gates[1]["report"]["matrix"] and gates[1]["stale"] == []
+
+
+def test_a_gate_report_shows_as_stale_once_its_gallery_changes(
+        client: TestClient, micro_versions: dict[str, Path], tmp_path: Path) -> None:
+    write_dataset(tmp_path / "set", 4, seed=5, languages=("en",), image_size=16)
+    r = client.post("/v1/galleries", headers=ADMIN, json={
+        "name": "wash", "space": "v1", "version": "v1", "validation": str(tmp_path / "set")})
+    assert r.status_code == 201, r.text
+    evaluate(client, "v2", "wash")
+    [report] = [g for g in client.get("/v1/models/v2", headers=ADMIN).json()["gates"]
+                if g["gallery"] == "wash"]
+    assert report["current"] and report["incumbent"] == "v1"
+    r = client.post("/v1/models/v3/promote", headers=ADMIN,
+                    json={"gallery": "wash", "force": True, "reason": "drill"})
+    assert r.status_code == 200, r.text
+    (tmp_path / "set" / "manifest.jsonl").write_text(
+        "\n".join((tmp_path / "set" / "manifest.jsonl").read_text().splitlines()[:3]) + "\n")
+    listed = {v["version_id"]: v for v in client.get("/v1/models", headers=ADMIN).json()}
+    [report] = [g for g in listed["v2"]["gates"] if g["gallery"] == "wash"]
+    assert not report["current"] and [s.split(":")[0] for s in report["stale"]] == [
+        "incumbent changed", "validation set changed"]
+    r = client.post("/v1/models/v2/promote", headers=ADMIN, json={"gallery": "wash"})
+    assert "is stale: incumbent changed" in assert_error(r, 409, "gate_failed")["message"]
+
+
 # ---------------------------------------------------------------- deleting galleries
 def test_delete_a_gallery(client: TestClient, tmp_path: Path) -> None:
     r = client.post("/v1/galleries", headers=ADMIN, json={"name": "doomed", "space": "v1"})

@@ -264,7 +264,8 @@ def test_model_listing(client: TestClient) -> None:
     versions = client.get("/v1/models", headers=ADMIN).json()
     assert [v["version_id"] for v in versions] == ["v1", "v2", "v3"]
     v2 = versions[1]
-    assert v2["gate"] == {"passed": True} and v2["manifest"]["space"] == "v1"
+    assert v2["gate"]["passed"] is True and v2["manifest"]["space"] == "v1"
+    assert (v2["gate"]["gallery"], v2["gates"][0]["current"]) == ("shapes", True)
     assert v2["routes"] == ["v1"] and "files" in v2["manifest"]
     assert client.get("/v1/models/v3", headers=ADMIN).json()["space"] == "v3"
     assert_error(client.get("/v1/models/nope", headers=ADMIN), 404, "version_not_found")
@@ -371,7 +372,7 @@ def test_health_ready_metrics_docs(client: TestClient) -> None:
     search(client, text="a red circle")
     search(client, image_base64=world_items(1)[0]["image_base64"])
     client.post("/v1/models/v2/promote", headers=ADMIN, json={"gallery": "shapes"})
-    text = client.get("/metrics").text
+    text = client.get("/metrics", headers=ADMIN).text  # gallery-level series need a key
     route = 'route="/v1/galleries/{gallery}/search"'
     assert f'nobackfill_requests_total{{method="POST",{route},status="200"}}' in text
     assert f'nobackfill_request_seconds_bucket{{le="0.25",method="POST",{route}}}' in text

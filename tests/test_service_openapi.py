@@ -45,7 +45,8 @@ def calls(artifact: Path) -> list[Call]:
     migration = "/v1/galleries/shapes/migration"
     return [
         r(get, "/healthz"), r(get, "/readyz"), r(get, "/readyz", headers=ADMIN),
-        r(get, "/metrics"), r(get, "/healthz", headers={"content-length": str(2**40)}),
+        r(get, "/metrics"), r(get, "/metrics", headers=ADMIN),
+        r(get, "/healthz", headers={"content-length": str(2**40)}),
         r(post, items, headers=ADMIN, json={"items": [
             {"id": "a", "text": "a red circle", "image_base64": PNG_B64},
             {"id": "b", "text": "a blue square"}]}),
@@ -63,6 +64,9 @@ def calls(artifact: Path) -> list[Call]:
         r(post, search, json={"image_base64": base64.b64encode(b"no image").decode()}),
         r(post, search, content=b"{", headers=JSON),
         r(post, search, content=b"a", headers={"content-type": "text/plain"}),
+        r(post, search, content=b"--x\r\n", headers={"content-type": "multipart/form-data"}),
+        r(post, search, files={"text": (None, "a"), "filter": (None, "x" * (2**20 + 1))}),
+        r(post, search, data={"text": "a", "top_k": "5.0"}),
         r(post, search, content=b'{"text": "' + b"x" * 9000 + b'"}', headers=JSON),
         r(post, "/v1/galleries/nope/search", json={"text": "a"}),
         r(get, "/v1/galleries/shapes/items/a/thumbnail"),

@@ -216,17 +216,18 @@ MALFORMED: list[tuple[bytes, str]] = [
 ]
 
 
-def admin_operations(client: TestClient) -> list[tuple[str, str]]:
-    """Every operation that takes the key header, less the read ones: the admin routes."""
-    spec = client.get("/openapi.json").json()
+def admin_operations(spec: dict) -> list[tuple[str, str]]:
+    """Every operation that needs the key header (none allows an anonymous call), less
+    the read ones: the admin routes."""
     return [(method, path) for path, item in spec["paths"].items()
             for method, op in item.items()
-            if op.get("security") and (method, path) not in READ_OPERATIONS]
+            if op.get("security") and {} not in op["security"]
+            and (method, path) not in READ_OPERATIONS]
 
 
 def test_admin_routes_check_the_key_before_the_body(client_with_items) -> None:
     client = client_with_items
-    operations = admin_operations(client)
+    operations = admin_operations(client.get("/openapi.json").json())
     assert len(operations) >= 15 and ("post", "/v1/galleries") in operations
     for method, template in operations:
         url = template.format(gallery="shapes", version_id="v2", job_id="j1", item_id="a")
@@ -267,3 +268,233 @@ def test_readyz_details_need_a_read_or_admin_key(gateway_factory) -> None:
             assert ready["galleries"] == {"shapes": "v1"} and ready["revision"] >= 0
     # Without a read key configured (search open), details still need a key: see
     # test_service_api.py::test_health_ready_metrics_docs.
+
+
+# ---------------------------------------------------------------- 9. gallery-level metrics
+GALLERY_SERIES = ("nobackfill_active_version", "nobackfill_swaps", "nobackfill_load_errors")
+FORCED = {"force": True, "reason": "metrics test"}  # whatever the gate says of v2
+
+
+def gallery_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith(GALLERY_SERIES)]
+
+
+def test_gallery_metrics_need_a_key(gateway_factory) -> None:
+    """Public /metrics has the process-level series (bounded labels, no gallery, no
+    version); the read key or an admin key also gets the gallery-level ones."""
+    with gateway_factory(read_api_key="reader-key") as client:
+        r = client.post("/v1/models/v2/promote", headers=ADMIN,
+                        json=FORCED | {"gallery": "shapes"})
+        assert r.status_code == 200, r.text
+        for headers in NO_KEYS:
+            public = client.get("/metrics", headers=headers).text
+            assert "nobackfill_requests_total{" in public
+            assert gallery_lines(public) == [] and "shapes" not in public, public
+            assert 'version="' not in public and "gallery=" not in public
+        for headers in (ADMIN, {"X-API-Key": "reader-key"}):
+            keyed = client.get("/metrics", headers=headers).text
+            assert 'nobackfill_active_version{gallery="shapes",space="v1",version="v2"} 1.0' \
+                in keyed
+            assert 'nobackfill_swaps_total{gallery="shapes"} 1.0' in keyed
+            assert "nobackfill_requests_total{" in keyed
+
+
+def test_deleted_galleries_and_retired_versions_drop_their_series(gateway_factory) -> None:
+    """A deleted gallery's series (active version, swaps) and a retired version's load
+    errors leave /metrics: the number of series does not grow with every gallery ever
+    created."""
+    failing = {"v2"}
+
+    def load(artifact, space):
+        from training.versions import load_encoder
+
+        if artifact.version_id in failing:
+            raise RuntimeError("no such GPU")
+        return load_encoder(artifact, space, "cpu")
+
+    with gateway_factory(load=load) as client:
+        for n in range(3):
+            name = f"gone{n}"
+            r = client.post("/v1/galleries", headers=ADMIN,
+                            json={"name": name, "space": "v1", "version": "v1"})
+            assert r.status_code == 201, r.text
+            if n == 0:  # a version that fails to load: counted per version
+                client.post("/v1/models/v2/promote", headers=ADMIN,
+                            json=FORCED | {"gallery": name})
+                failing.clear()
+                client.post("/v1/models/v1/rollback", headers=ADMIN, json={"gallery": name})
+            r = client.post("/v1/models/v2/promote", headers=ADMIN,
+                            json=FORCED | {"gallery": name})
+            assert r.status_code == 200, r.text
+            keyed = "\n".join(gallery_lines(client.get("/metrics", headers=ADMIN).text))
+            assert f'nobackfill_active_version{{gallery="{name}",space="v1",version="v2"}} 1.0' \
+                in keyed and f'nobackfill_swaps_total{{gallery="{name}"}}' in keyed, keyed
+            assert client.delete(f"/v1/galleries/{name}", headers=ADMIN).status_code == 200
+            keyed = "\n".join(gallery_lines(client.get("/metrics", headers=ADMIN).text))
+            assert f'"{name}"' not in keyed, keyed
+        assert 'nobackfill_load_errors_total{version="v2"} 1.0' in keyed
+        assert client.delete("/v1/models/v2", headers=ADMIN).status_code == 200
+        keyed = "\n".join(gallery_lines(client.get("/metrics", headers=ADMIN).text))
+    assert 'version="v2"' not in keyed and "gone" not in keyed, keyed
+    assert 'nobackfill_active_version{gallery="shapes",space="v1",version="v1"} 1.0' in keyed
+
+
+# ---------------------------------------------------------------- 10. 401 before 413
+def test_a_bad_key_gets_401_whatever_size_it_declares(gateway_factory, tmp_path) -> None:
+    """A declared Content-Length over the limit is judged after the key: a bad key gets
+    401 whatever it sends (as chunked bodies already did); a good key gets 413, unread."""
+    big = {"content-length": "100000000", "content-type": "application/json"}
+    upload = {"content-length": str(2**40), "content-type": "multipart/form-data; boundary=x"}
+    with gateway_factory(read_api_key="reader-key") as client:
+        for headers in NO_KEYS:
+            for url in ("/v1/jobs", "/v1/galleries", "/v1/models/v2/promote", SEARCH):
+                error_of(client.post(url, content=b"{}", headers={**headers, **big}), 401,
+                         "unauthorized")
+            r = client.post("/v1/galleries/shapes/items", content=b"--x--",
+                            headers={**headers, **upload})
+            error_of(r, 401, "unauthorized")
+        for url in ("/v1/jobs", "/v1/galleries"):
+            error_of(client.post(url, content=b"{}", headers={**ADMIN, **big}), 413, "too_large")
+        r = client.post("/v1/galleries/shapes/items", content=b"--x--", headers={**ADMIN, **upload})
+        assert "uploads" in error_of(r, 413, "too_large")["message"]
+        error_of(client.post(SEARCH, content=b"{}", headers={"X-API-Key": "reader-key", **big}),
+                 413, "too_large")
+    with gateway_factory(data_dir=tmp_path / "open") as client:  # search needs no key here
+        error_of(client.post(SEARCH, content=b"{}", headers=big), 413, "too_large")
+
+
+# ---------------------------------------------------------------- 11. spec and parser agree
+def test_options_allows_every_method_of_a_path(gateway_factory) -> None:
+    """405 (OPTIONS included) lists every method some operation answers at that URL, not
+    only those of the first route that matched its path."""
+    import re
+
+    with gateway_factory() as client:
+        spec = client.get("/openapi.json").json()
+        patterns = {template: re.compile(re.sub(r"\\\{\w+\\\}", "[^/]+", re.escape(template)))
+                    for template in spec["paths"]}
+        shared = 0
+        for template in spec["paths"]:
+            url = template.format(gallery="shapes", version_id="v1", job_id="j1", item_id="a")
+            r = client.options(url)
+            error_of(r, 405, "method_not_allowed")
+            allowed = {m.strip() for m in r.headers["allow"].split(",")}
+            declared = {m.upper() for other, pattern in patterns.items()
+                        if pattern.fullmatch(url) for m in spec["paths"][other]}
+            assert allowed == declared, (url, r.headers["allow"])
+            shared += len(declared) > 1
+        assert shared >= 7
+        r = client.put("/v1/galleries")
+        assert error_of(r, 405)["code"] and r.headers["allow"] == "GET, POST"
+
+
+def test_the_spec_says_which_operations_need_a_key(gateway_factory, tmp_path) -> None:
+    """Public operations allow an anonymous call ({} among their security requirements);
+    search needs the key only where a read key is set."""
+    reads = {("post", "/v1/galleries/{gallery}/search"),
+             ("get", "/v1/galleries/{gallery}/items/{item_id}/thumbnail")}
+    public = {("get", "/healthz"), ("get", "/readyz"), ("get", "/metrics")}
+    for read_key, open_search in ((None, True), ("reader-key", False)):
+        with gateway_factory(read_api_key=read_key, data_dir=tmp_path / str(read_key)) as client:
+            spec = client.get("/openapi.json").json()
+        keyed = {(method, path) for path, item in spec["paths"].items()
+                 for method, op in item.items() if op.get("security")}
+        anonymous = {(method, path) for path, item in spec["paths"].items()
+                     for method, op in item.items() if {} in op.get("security", [{}])}
+        assert public <= anonymous and (reads <= anonymous) == open_search
+        assert open_search or not reads & anonymous
+        assert reads | public - {("get", "/healthz")} <= keyed
+        admin = keyed - reads - public
+        assert len(admin) >= 15 and not admin & anonymous
+        assert admin == set(admin_operations(spec))
+
+
+def test_force_is_a_strict_boolean_and_needs_a_reason(gateway_factory) -> None:
+    with gateway_factory() as client:
+        for force in ("true", 1, "yes"):
+            r = client.post("/v1/models/v3/promote", headers=ADMIN,
+                            json={"gallery": "shapes", "force": force, "reason": "drill"})
+            assert "force" in error_of(r, 422, "invalid_request")["message"], force
+        for reason in (None, "", "  "):
+            body = {"gallery": "shapes", "force": True, **({} if reason is None else
+                                                           {"reason": reason})}
+            r = client.post("/v1/models/v3/promote", headers=ADMIN, json=body)
+            assert "reason" in error_of(r, 422)["message"], reason
+        r = client.post("/v1/galleries/shapes/migration/switch", headers=ADMIN,
+                        json={"force": "true", "reason": "x"})
+        assert "force" in error_of(r, 422, "invalid_request")["message"]
+        spec = client.get("/openapi.json").json()
+        promote = client.get("/openapi.json").json()["components"]["schemas"]["PromoteIn"]
+    for schema in (promote, spec["components"]["schemas"]["SwitchIn"]):
+        assert schema["properties"]["force"]["type"] == "boolean"
+        assert schema["if"]["properties"]["force"] == {"const": True}
+        assert "reason" in schema["then"]["required"]
+        assert "reason" in schema["properties"]["force"]["description"]
+
+
+def test_a_multipart_top_k_is_digits_only(gateway_factory) -> None:
+    with gateway_factory() as client:
+        for top_k in ("5.0", " 5 ", "+5", "5e0", "0x5", "5_0", "٥", ""):
+            r = client.post(SEARCH, data={"text": "a red circle", "top_k": top_k})
+            assert "top_k" in error_of(r, 422, "invalid_request")["message"], top_k
+        r = client.post(SEARCH, data={"text": "a red circle", "top_k": "5"})
+        assert r.status_code == 200 and len(r.json()["hits"]) <= 5, r.text
+
+
+def test_unreadable_multipart_searches_are_declared(gateway_factory) -> None:
+    """A multipart body without a boundary, or with a field over the parser's 1 MiB: 400,
+    which the document declares for search."""
+    from openapi_check import load, problems
+
+    with gateway_factory() as client:
+        responses = [
+            client.post(SEARCH, content=b"--x\r\n", headers={"content-type":
+                                                               "multipart/form-data"}),
+            client.post(SEARCH, data={"text": "a", "filter": "x" * (1024 * 1024 + 10)}),
+            client.post(SEARCH, files={"text": (None, "a"),
+                                       "filter": (None, "x" * (1024 * 1024 + 10))}),
+        ]
+        schema = load(client.get("/openapi.json").json())
+    for r in responses:
+        error_of(r, 400, "bad_request")
+        assert problems(schema, r) == []
+
+
+def test_job_params_are_typed_by_kind(gateway_factory) -> None:
+    """The body of POST /v1/jobs is a union on ``kind``; each member's ``params`` is that
+    kind's parameters, so the document states them, and a bad one is a 422 naming it."""
+    from service.jobkinds import KINDS
+
+    with gateway_factory() as client:
+        spec = client.get("/openapi.json").json()
+        schemas = spec["components"]["schemas"]
+        body = spec["paths"]["/v1/jobs"]["post"]["requestBody"]["content"]["application/json"]
+        union = body["schema"]
+        assert union["discriminator"]["propertyName"] == "kind"
+        assert set(union["discriminator"]["mapping"]) == set(KINDS)
+        for kind, ref in union["discriminator"]["mapping"].items():
+            member = schemas[ref.rsplit("/", 1)[1]]
+            assert member["properties"]["kind"]["const"] == kind
+            params = member["properties"]["params"]
+            params = schemas[params["$ref"].rsplit("/", 1)[1]] if "$ref" in params else params
+            assert set(params["properties"]) == {
+                f.alias or n for n, f in KINDS[kind].params.model_fields.items()}, kind
+        assert schemas["ContinualParams"]["required"] == ["method", "data"]
+        cases = [({"kind": "evaluate", "params": {}}, "params.version"),
+                 ({"kind": "evaluate", "params": {"version": "v2", "steps": 3}}, "params.steps"),
+                 ({"kind": "continual", "params": {"method": "seqft", "data": "x", "steps": 0}},
+                  "params.steps"),
+                 ({"kind": "migrate", "params": {"shards": 0}}, "params.shards"),
+                 ({"kind": "xbt", "params": {"new": {"version": "v3", "arch": "x"},
+                                             "corpus": "synth:3", "pairs": "x"}}, "exactly one"),
+                 ({"kind": "a" * 500}, "continual"), ({}, "kind")]
+        for job, needle in cases:
+            r = client.post("/v1/jobs", headers=ADMIN, json={"gallery": "shapes", **job})
+            message = error_of(r, 422)["message"]
+            assert needle in message and "a" * 65 not in message, (job, message)
+        r = client.post("/v1/jobs", headers=ADMIN, json={"kind": "evaluate", "gallery": "shapes",
+                                                         "params": {"version": "v9"}})
+        assert "'v9' is not registered" in error_of(r, 422, "invalid_input")["message"]
+        r = client.post("/v1/jobs", headers=ADMIN, json={"kind": "evaluate", "gallery": "shapes",
+                                                         "params": {"version": "v2"}})
+        error_of(r, 503)  # checked, then no live worker to run it

@@ -10,10 +10,11 @@ import os
 import shutil
 import signal
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import register_gated
+from conftest import bound, register_gated
 
 from service.state.errors import (
     AlreadyExists,
@@ -27,7 +28,10 @@ from service.state.errors import (
 )
 from service.state.registry import Registry
 from service.state.registry import index as index_module
+from service.state.registry.gates import UNREADABLE, Binding, GatePolicy, validation_digest
 from training.artifacts import WEIGHTS
+from training.data import open_dataset, write_dataset
+from training.gate import GateCriterion, run_gate
 
 FORK = multiprocessing.get_context("fork")  # children only touch JSON files, never torch
 
@@ -57,7 +61,8 @@ def test_register_copies_verifies_and_records(registry: Registry,
                                               micro_versions: dict[str, Path]) -> None:
     v2 = registry.version("v2")
     assert (v2.space, v2.routes, v2.registered_by) == ("v1", ("v1",), "tester")
-    assert v2.gate == {"passed": True} and registry.version("v1").gate is None
+    assert v2.gate == bound({"passed": True}) | {"measured_at": v2.gate["measured_at"]}
+    assert registry.version("v1").gate is None
     assert registry.artifact("v2").version_id == "v2"  # checksums verified again on load
     assert micro_versions["v2"].exists()  # copied, not moved
     assert [v.version_id for v in registry.versions()] == ["v1", "v2", "v3"]
@@ -148,7 +153,7 @@ def test_promotion_needs_a_passing_gate(registry: Registry, micro_versions: dict
                                         tmp_path: Path) -> None:
     registry.create_gallery("shapes", "v1", by="ops", version="v1")
     registry.register(copy_as(micro_versions["v2"], tmp_path / "v5", "v5"), by="tester",
-                      gate={"passed": False})
+                      gate=bound({"passed": False}))
     with pytest.raises(GateFailed, match="did not pass"):
         registry.promote("shapes", "v5", by="ops")
     registry.promote("shapes", "v2", by="ops", reason="better recall")
@@ -192,15 +197,146 @@ def test_a_promotion_forced_past_the_gate_shows_as_forced(registry: Registry,
     assert v8.gate_status == "forced" and v8.forced[0]["by"] == "oncall"
     assert v8.forced[0]["at"] == event.at and v8.forced[0]["overrides"] == ["gate"]
     # force on a version that passes everything skips nothing: not recorded as forced
+    registry.add_gate("v2", bound({"passed": True}, incumbent="v8"))  # measured against v8
     calm = registry.promote("shapes", "v2", by="ops", force=True, reason="back")
     assert calm.history[-1].forced is False and registry.version("v2").forced == ()
+
+
+def validation_set(path: Path, n: int = 4, seed: int = 5) -> str:
+    write_dataset(path, n, seed=seed, languages=("en",), image_size=16)
+    return str(path)
+
+
+def test_a_gate_report_counts_only_for_the_gallery_it_was_measured_for(
+        registry: Registry, micro_versions: dict[str, Path], tmp_path: Path) -> None:
+    """Issue 30: 'bad' (random weights) fails the gate on 'demo'; a gallery 'wash' in the
+    same space, served by 'bad' with a 4-image validation set, gates it against itself
+    (it passes, cross == own). That report must not promote it into 'demo'."""
+    policy = registry.gate_policy
+    demo = registry.create_gallery("demo", "v1", by="ops", version="v1",
+                                   validation=validation_set(tmp_path / "demo-set", 8, 1))
+    registry.register(copy_as(micro_versions["v2"], tmp_path / "bad", "bad"), by="tester",
+                      gate=Binding.now(demo, policy).apply({"passed": False}))
+    with pytest.raises(GateFailed, match="for gallery 'demo' .*did not pass"):
+        registry.promote("demo", "bad", by="ops")
+    wash = registry.create_gallery("wash", "v1", by="ops", version="bad",
+                                   validation=validation_set(tmp_path / "wash-set"))
+    binding = Binding.now(wash, policy)
+    itself = run_gate(registry.artifact("bad"), registry.artifact("bad"),
+                      open_dataset(wash.validation), policy.criterion())
+    assert itself["passed"] is True and itself["validation_items"] == 4
+    registry.add_gate("bad", binding.apply(itself))
+    with pytest.raises(GateFailed, match="for gallery 'demo' .*did not pass"):
+        registry.promote("demo", "bad", by="ops")
+    demo_now = registry.gallery("demo")
+    assert demo_now.active == "v1" and [e.action for e in demo_now.history] == ["create"]
+    # Without the failed 'demo' report, the 'wash' one still counts for 'wash' only.
+    registry.register(copy_as(micro_versions["v2"], tmp_path / "bad2", "bad2"), by="tester",
+                      gate=binding.apply(itself))
+    with pytest.raises(GateFailed, match=r"no gate report for gallery 'demo' \(it has "
+                                         r"reports for \['wash'\] only\)"):
+        registry.promote("demo", "bad2", by="ops")
+    assert registry.promote("demo", "bad2", by="ops", force=True,
+                            reason="drill").history[-1].overrides == ("gate",)
+
+
+def test_a_report_goes_stale_when_the_incumbent_validation_set_or_criterion_changes(
+        registry: Registry, micro_versions: dict[str, Path], tmp_path: Path) -> None:
+    policy = registry.gate_policy
+    demo = registry.create_gallery("demo", "v1", by="ops", version="v1",
+                                   validation=validation_set(tmp_path / "set"))
+    registry.register(copy_as(micro_versions["v2"], tmp_path / "cand", "cand"), by="tester",
+                      gate=Binding.now(demo, policy).apply({"passed": True}))
+
+    def stale() -> tuple[str, ...]:
+        return registry.gate_standings([registry.version("cand")])["cand"][-1].stale
+    assert stale() == ()
+    stricter = Registry(registry.root, gate_policy=replace(policy, margin=0.05))
+    with pytest.raises(GateFailed, match="stale: criterion changed: measured under margin "
+                                         "0.0, now 0.05"):
+        stricter.promote("demo", "cand", by="ops")
+    image = tmp_path / "set" / "images" / json.loads(
+        (tmp_path / "set" / "manifest.jsonl").read_text().splitlines()[0])["image"].split("/")[-1]
+    original = image.read_bytes()
+    image.write_bytes(original + b"\0")  # the same manifest, one image changed
+    assert stale() and stale()[0].startswith("validation set changed: measured on sha256:")
+    with pytest.raises(GateFailed, match="stale: validation set changed"):
+        registry.promote("demo", "cand", by="ops")
+    image.write_bytes(original)  # the digest is of the content: the same bytes count again
+    assert stale() == ()
+    registry.add_gate("v2", Binding.now(demo, policy).apply({"passed": True}))
+    registry.promote("demo", "v2", by="ops")
+    assert stale() == ("incumbent changed: it was measured against 'v1' but 'v2' serves now",)
+    with pytest.raises(GateFailed, match="stale: incumbent changed"):
+        registry.promote("demo", "cand", by="ops")
+    forced = registry.promote("demo", "cand", by="ops", force=True, reason="on call")
+    assert (forced.active, forced.history[-1].overrides) == ("cand", ("gate",))
+    reports = registry.version("cand").gates
+    assert [r["incumbent"] for r in reports] == ["v1"]  # kept, with what it compared
+    assert reports[0]["validation"]["digest"] == validation_digest(demo.validation)
+    assert reports[0]["policy"] == policy.to_json() and reports[0]["gallery"] == "demo"
+
+
+def test_every_report_is_kept_and_a_legacy_unbound_gate_authorises_nothing(
+        registry: Registry, micro_versions: dict[str, Path], tmp_path: Path) -> None:
+    shapes = registry.create_gallery("shapes", "v1", by="ops", version="v1")
+    first = registry.version("v2").gate
+    second = Binding.now(shapes, registry.gate_policy).apply({"passed": False})
+    registry.add_gate("v2", second)
+    v2 = registry.version("v2")
+    assert v2.gates == (first, second) and v2.gate == second and v2.gate_status == "failed"
+    assert registry.manifest("v2")["gates"] == [first, second]
+    assert registry.manifest("v2")["gate"] == second
+    index = json.loads((registry.root / "index.json").read_text())
+    entry = index["versions"]["v2"]
+    del entry["gates"]
+    entry["gate"] = {"passed": True}  # as the registry stored one report before
+    (registry.root / "index.json").write_text(json.dumps(index))
+    legacy = registry.version("v2")
+    assert legacy.gates == ({"passed": True},) and legacy.gate_status == "passed"
+    with pytest.raises(GateFailed, match="no gate report for gallery 'shapes'"):
+        registry.promote("shapes", "v2", by="ops")
+    assert registry.gate_standings([legacy])["v2"][0].stale == (
+        "it names no gallery (measured before reports were bound to one)",)
+
+
+def test_the_validation_digest_is_of_the_content(tmp_path: Path) -> None:
+    path = validation_set(tmp_path / "a")
+    digest = validation_digest(path)
+    assert digest is not None and digest.startswith("sha256:")
+    assert validation_digest(str(Path(path) / "manifest.jsonl")) == digest
+    shutil.copytree(path, tmp_path / "b")
+    assert validation_digest(str(tmp_path / "b")) == digest  # the same files elsewhere
+    min((tmp_path / "b" / "images").iterdir()).unlink()  # one image gone
+    assert validation_digest(str(tmp_path / "b")) not in (digest, UNREADABLE)
+    assert validation_digest(str(tmp_path / "nowhere")) == UNREADABLE
+    assert validation_digest(None) is None
+
+
+def test_the_criterion_in_force_comes_from_the_settings(monkeypatch: pytest.MonkeyPatch,
+                                                        tmp_path: Path) -> None:
+    """The worker runs the gate under ``policy.criterion`` and binds ``policy``; the
+    registry checks against the same policy, built from the same settings."""
+    from service.state.config import Settings
+
+    for name in ("MARGIN", "RETENTION_LIMIT", "MAX_NEGATIVE_FLIP"):
+        monkeypatch.delenv(f"NOBACKFILL_GATE_{name}", raising=False)
+    assert GatePolicy.default() == GatePolicy.of(Settings())
+    policy = GatePolicy.of(Settings(gate_margin=0.01, gate_retention_limit=0.03,
+                                    gate_max_negative_flip=0.1))
+    assert policy.to_json() == {"margin": 0.01, "retention_limit": 0.03,
+                                "max_negative_flip": 0.1, "metric": "R@1"}
+    assert policy.criterion() == GateCriterion(margin=0.01, max_negative_flip=0.1)
+    assert policy.criterion(new_domain="polygons") == GateCriterion(
+        margin=0.01, retention_limit=0.03, new_domain="polygons", max_negative_flip=0.1)
+    assert Registry.of(Settings(data_dir=tmp_path, gate_margin=0.01)).gate_policy.margin == 0.01
 
 
 def test_retiring_a_version(registry: Registry, micro_versions: dict[str, Path],
                             tmp_path: Path) -> None:
     registry.create_gallery("shapes", "v1", by="ops", version="v1")
     registry.register(copy_as(micro_versions["v2"], tmp_path / "v5", "v5", parent="v2"),
-                      by="tester", gate={"passed": True})
+                      by="tester", gate=bound({"passed": True}, incumbent="v2"))
     registry.promote("shapes", "v2", by="ops")
     registry.promote("shapes", "v5", by="ops")
     with pytest.raises(Conflict, match="'v5' serves gallery 'shapes'"):
@@ -324,7 +460,7 @@ def test_migration_states_are_one_atomic_update_each(registry: Registry,
     while two sides are kept, only a version embedding into both may serve."""
     up = copy_as(micro_versions["v3"], tmp_path / "up", "up", gate={"passed": True},
                  routes={"v3": {"kind": "native"}, "v1": {"kind": "adapter"}})
-    register_gated(registry, up)
+    register_gated(registry, up, gallery="g")
     registry.create_gallery("g", "v1", by="t", version="v1")
     with pytest.raises(Conflict, match="already in space 'v1'"):
         registry.begin_migration("g", job="j0", source="c-old", target="c-new", by="t")

@@ -107,7 +107,7 @@ def test_queries_under_load_through_repeated_swaps(gateway_factory, tmp_path) ->
         for query, answer in answers:
             assert answer["space"] == "v1" and answer["route"] == "native"
             check_answer(answer, query, tables)
-        swaps = [line for line in client.get("/metrics").text.splitlines()
+        swaps = [line for line in client.get("/metrics", headers=ADMIN).text.splitlines()
                  if line.startswith('nobackfill_swaps_total{gallery="shapes"}')]
         assert float(swaps[0].split()[-1]) >= 8 + 2  # 8 here, 2 while building the tables
 

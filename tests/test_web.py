@@ -182,6 +182,11 @@ def test_page_and_assets(client: TestClient) -> None:
         asset = client.get(name)
         assert asset.status_code == 200, name
         assert asset.headers["content-type"].split(";")[0] in ("text/javascript", "text/css")
+    # The page names its icon, so a browser does not ask for /favicon.ico (a 404).
+    assert '<link rel="icon" href="/web/favicon.svg"' in r.text
+    icon = client.get("/web/favicon.svg")
+    assert icon.status_code == 200 and icon.headers["content-type"] == "image/svg+xml"
+    assert icon.text.startswith("<svg ")
     for bad in ("/web/nope.js", "/web/index.html.bak", "/web/..%2F__init__.py"):
         assert_not_found(client.get(bad))
     assert "/" not in {route for route in client.get("/openapi.json").json()["paths"]}

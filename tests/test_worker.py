@@ -181,6 +181,11 @@ def test_jobs_run_gate_and_promote_through_a_real_worker(micro_versions, world, 
         assert done_ev["status"] == "succeeded", done_ev["error"]
         assert client.get(f"/v1/models/{xbt_version}", headers=ADMIN).json()["gate"][
             "candidate"] == xbt_version
+        # Bound to where it was measured: this gallery, its incumbent, its validation set.
+        last = client.get(f"/v1/models/{xbt_version}", headers=ADMIN).json()["gates"][-1]
+        assert (last["gallery"], last["incumbent"], last["current"]) == \
+            ("shapes", gallery["active"], True)
+        assert last["validation"] == str(world) and last["validation_digest"].startswith("sha256:")
         assert [j["id"] for j in client.get("/v1/jobs", headers=ADMIN).json()] == \
             [ev["id"], up["id"], first["id"]]
 

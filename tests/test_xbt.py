@@ -24,12 +24,19 @@ from training.encoders import Encoder, ModelSpec, create_model, create_tokenizer
 from training.errors import ConfigError, DataError
 from training.losses import clip_loss
 from training.trainer import TrainConfig
+from training.upgrades import prepare as preparation
+from training.upgrades.artifact import ADAPTERS_FILE, PROJECTOR_FILE, write_upgrade
+from training.upgrades.direct import train as direct_training
+from training.upgrades.prepare import prepare
+from training.upgrades.run import train_upgrade, upgrade
+from training.upgrades.xbt import stage1, stage2
+from training.upgrades.xbt.adapters import Adapters, LoraSelfAttention
+from training.upgrades.xbt.config import XbtConfig
+from training.upgrades.xbt.projector import Projector, ProjectorHead, to_old_space
+from training.upgrades.xbt.prompts import VisualPrompts
+from training.upgrades.xbt.stage1 import PretrainTask, TextCache, cache_text
+from training.upgrades.xbt.stage2 import XbtTask, stage2_groups, train_stage2
 from training.versions import load_encoder
-from training.xbt import upgrade as up
-from training.xbt.adapters import Adapters, LoraSelfAttention
-from training.xbt.config import XbtConfig
-from training.xbt.projector import Projector, ProjectorHead, to_old_space
-from training.xbt.prompts import VisualPrompts
 
 # The paper's stage 2 (no validation selection): these tests check the method's mechanics;
 # tests/test_xbt_selection.py checks the selection.
@@ -70,7 +77,7 @@ def bases(tmp_path_factory: pytest.TempPathFactory, world: PairDataset) -> dict:
 
 
 def run_upgrade(old, new, world, out: Path, **cfg) -> object:
-    return up.upgrade(old, new, CORPUS, world, out, XbtConfig(**{**TINY, **cfg}),
+    return upgrade(old, new, CORPUS, world, out, XbtConfig(**{**TINY, **cfg}),
                       version_id=out.name, show_progress=False)
 
 
@@ -96,8 +103,8 @@ def test_projector_shapes_and_one_stage1_step() -> None:
     assert (phi.fc1.in_features, phi.fc1.out_features, phi.fc3.out_features) == (48, 128, 32)
     assert phi(torch.randn(5, 48)).shape == (5, 32)
     w_new = nn.functional.normalize(torch.randn(16, 48), dim=-1)
-    cache = up.TextCache(w_new, nn.functional.normalize(torch.randn(16, 32), dim=-1))
-    task = up.PretrainTask(phi, cache, sigma=0.0, scale=XbtConfig().logit_scale, seed=0)
+    cache = TextCache(w_new, nn.functional.normalize(torch.randn(16, 32), dim=-1))
+    task = PretrainTask(phi, cache, sigma=0.0, scale=XbtConfig().logit_scale, seed=0)
     idx = torch.arange(16)
     before = {k: v.clone() for k, v in phi.state_dict().items()}
     opt = torch.optim.AdamW(phi.parameters(), lr=1e-3)
@@ -112,8 +119,8 @@ def test_stage1_adds_gaussian_noise_of_sigma() -> None:
     phi = Projector(8, 4)
     seen: list[torch.Tensor] = []
     phi.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
-    cache = up.TextCache(torch.zeros(4096, 8), torch.zeros(4096, 4))  # w_new = 0: input = eps
-    up.PretrainTask(phi, cache, sigma=0.05, scale=1.0, seed=0).losses(torch.arange(4096))
+    cache = TextCache(torch.zeros(4096, 8), torch.zeros(4096, 4))  # w_new = 0: input = eps
+    PretrainTask(phi, cache, sigma=0.05, scale=1.0, seed=0).losses(torch.arange(4096))
     assert abs(float(seen[0].mean())) < 0.002 and abs(float(seen[0].std()) - 0.05) < 0.002
 
 
@@ -220,12 +227,12 @@ def test_adapters_off_give_the_off_the_shelf_model_exactly() -> None:
 
 def test_stage2_trains_only_adapters_prompts_and_phi_layer_norms(bases, world) -> None:
     cfg = XbtConfig(**{**TINY, "steps": 2})
-    p = up.prepare(bases["v1"], bases["new"], CORPUS, world, cfg, show_progress=False)
+    p = prepare(bases["v1"], bases["new"], CORPUS, world, cfg, show_progress=False)
     phi = Projector(48, 32)
     mine = set(p.adapters.named_parameters())
     base_before = {k: v.clone() for k, v in p.model.state_dict().items() if k not in mine}
     phi_before = {k: v.clone() for k, v in phi.state_dict().items()}
-    groups = up.stage2_groups(p.adapters, phi, cfg, train_phi="layer_norms")
+    groups = stage2_groups(p.adapters, phi, cfg, train_phi="layer_norms")
     assert [g["lr"] for g in groups] == [1e-4, 1e-4, 1e-2]
     assert groups[2]["params"] == [p.model.visual.soft_prompts.tokens]
     trainable = {n for n, q in p.model.named_parameters() if q.requires_grad}
@@ -234,7 +241,7 @@ def test_stage2_trains_only_adapters_prompts_and_phi_layer_norms(bases, world) -
                for n in trainable)
     assert {n for n, q in phi.named_parameters() if q.requires_grad} == {
         "ln1.weight", "ln1.bias", "ln2.weight", "ln2.bias"}
-    up.train_stage2(p.adapters, phi, p.pairs, cfg, show_progress=False)
+    train_stage2(p.adapters, phi, p.pairs, cfg, show_progress=False)
     after = phi.state_dict()
     assert all(torch.equal(phi_before[k], after[k]) for k in phi_before if k.startswith("fc"))
     assert not torch.equal(phi_before["ln1.weight"], after["ln1.weight"])
@@ -249,7 +256,7 @@ def test_old_model_is_released_before_stage2(bases, world, tmp_path, monkeypatch
     old_refs: list[weakref.ref] = []
     calls = {"old": 0, "old_in_stage2": 0}
     in_stage2 = {"now": False}
-    real_load, real_stage2 = up.load_encoder, up.train_stage2
+    real_load, real_stage2 = preparation.load_encoder, stage2.train_stage2
 
     def spy_load(*args, **kwargs):
         encoder = real_load(*args, **kwargs)
@@ -272,8 +279,8 @@ def test_old_model_is_released_before_stage2(bases, world, tmp_path, monkeypatch
         finally:
             in_stage2["now"] = False
 
-    monkeypatch.setattr(up, "load_encoder", spy_load)
-    monkeypatch.setattr(up, "train_stage2", spy_stage2)
+    monkeypatch.setattr(preparation, "load_encoder", spy_load)
+    monkeypatch.setattr(stage2, "train_stage2", spy_stage2)
     art = run_upgrade(bases["v1"], bases["new"], world, tmp_path / "v2", **anchors)
     assert calls["old"] > 0 and calls["old_in_stage2"] == 0 and len(old_refs) == 1
     hyper = art.manifest["hyperparameters"]
@@ -284,8 +291,8 @@ def test_pair_anchor_term_is_direct_loss_on_cached_old_pair_embeddings(bases, wo
     """Stage 2's pair anchor scores the batch's new projections against the old version's
     embeddings of the same images and captions, cached in stage 1 (old model released)."""
     cfg = XbtConfig(**{**TINY, "pair_anchor": True, "pair_anchor_weight": 0.5})
-    p = up.prepare(bases["v1"], bases["new"], CORPUS, world, cfg, show_progress=False)
-    _, anchors = up.cache_text(p, cfg, show_progress=False)
+    p = prepare(bases["v1"], bases["new"], CORPUS, world, cfg, show_progress=False)
+    _, anchors = cache_text(p, cfg, show_progress=False)
     assert anchors.corpus is None and anchors.pairs is not None
     old = load_encoder(bases["v1"], device="cpu")
     want_images = old.encode_image_tensors(p.pairs.pixels)
@@ -295,7 +302,7 @@ def test_pair_anchor_term_is_direct_loss_on_cached_old_pair_embeddings(bases, wo
     assert torch.allclose(anchors.pairs.texts, torch.from_numpy(want_texts), atol=1e-5)
     phi = Projector(48, 32).eval()
     p.model.eval()
-    task = up.XbtTask(p.model, phi, p.pairs, cfg, anchors)
+    task = XbtTask(p.model, phi, p.pairs, cfg, anchors)
     images, captions = torch.tensor([0, 2, 4]), torch.tensor([0, 10, 20])
     with torch.no_grad():
         losses = task.losses((images, captions))
@@ -312,9 +319,9 @@ def test_pair_anchor_term_is_direct_loss_on_cached_old_pair_embeddings(bases, wo
 def test_artifact_round_trip_reproduces_in_memory_embeddings(init, bases, world,
                                                              tmp_path) -> None:
     cfg = XbtConfig(**TINY, init=init)
-    p = up.prepare(bases["v1"], bases["new"], CORPUS, world, cfg, show_progress=False)
-    phi, metrics = up.train_upgrade(p, cfg, show_progress=False)
-    art = up.write_upgrade(p, phi, cfg, metrics, tmp_path / "v2", version_id="v2")
+    p = prepare(bases["v1"], bases["new"], CORPUS, world, cfg, show_progress=False)
+    phi, metrics = train_upgrade(p, cfg, show_progress=False)
+    art = write_upgrade(p, phi, cfg, metrics, tmp_path / "v2", version_id="v2")
     head = ProjectorHead(phi)
     memory = Encoder(p.model, create_tokenizer(p.spec), "cpu", text_head=head, image_head=head)
     loaded = load_encoder(load_artifact(tmp_path / "v2"), space="v1", device="cpu")
@@ -331,7 +338,7 @@ def test_artifact_round_trip_reproduces_in_memory_embeddings(init, bases, world,
     assert (m["kind"], m["parent"], m["target_space"], m["space"]) == ("xbt", "v1", "v1", "new")
     assert set(m["routes"]) == {"new", "v1"} and m["routes"]["v1"]["kind"] == "projector"
     assert XbtConfig.from_dict(m["hyperparameters"]) == cfg
-    assert set(m["files"]) == {WEIGHTS, up.ADAPTERS_FILE, up.PROJECTOR_FILE}
+    assert set(m["files"]) == {WEIGHTS, ADAPTERS_FILE, PROJECTOR_FILE}
     assert m["routes"]["v1"]["projector_dims"].get("skip", False) is (init == "procrustes")
 
 
@@ -339,12 +346,12 @@ def test_three_version_chain_maps_into_the_root_space(bases, world, tmp_path,
                                                       monkeypatch) -> None:
     v2 = run_upgrade(bases["v1"], bases["new"], world, tmp_path / "v2")
     routed: list[tuple[str, str]] = []
-    real_load = up.load_encoder
+    real_load = preparation.load_encoder
 
     def spy(art, space, *rest):
         routed.append((art.version_id, space))
         return real_load(art, space, *rest)
-    monkeypatch.setattr(up, "load_encoder", spy)
+    monkeypatch.setattr(preparation, "load_encoder", spy)
     v3 = run_upgrade(v2, spec(40), world, tmp_path / "v3")
     assert routed == [("v2", "v1")]  # stage 1's "old text tower": v2 routed into v1's space
     assert (v3.manifest["parent"], v3.manifest["target_space"]) == ("v2", "v1")
@@ -358,18 +365,18 @@ def test_three_version_chain_maps_into_the_root_space(bases, world, tmp_path,
 def test_direct_baseline_trains_all_of_a_random_phi(bases, world, tmp_path,
                                                     monkeypatch) -> None:
     seen = {}
-    real = up.train_direct
+    real = direct_training.train_direct
 
     def spy(adapters, phi, *args, **kwargs):
         seen["fc1"] = phi.fc1.weight.detach().clone()
         result = real(adapters, phi, *args, **kwargs)
         seen["trained"] = {n for n, q in phi.named_parameters() if q.requires_grad}
         return result
-    monkeypatch.setattr(up, "train_direct", spy)
+    monkeypatch.setattr(direct_training, "train_direct", spy)
     art = run_upgrade(bases["v1"], bases["new"], world, tmp_path / "d", method="direct")
     assert art.manifest["method"] == "direct" and "direct" in art.manifest["metrics"]
     assert seen["trained"] == {n for n, _ in Projector(48, 32).named_parameters()}
-    fc1 = art.tensors(up.PROJECTOR_FILE)["fc1.weight"]
+    fc1 = art.tensors(PROJECTOR_FILE)["fc1.weight"]
     assert not torch.equal(fc1, seen["fc1"])
     assert load_encoder(art, "v1").encode_texts(["a star"]).shape == (1, 32)
 
@@ -392,7 +399,8 @@ def _mismatched_old(bases, tmp_path: Path) -> object:
 ])
 def test_bad_input_fails_before_training_and_writes_nothing(case, error, message, bases, world,
                                                              tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(up, "train", lambda *a, **k: pytest.fail("training started"))
+    for trains in (stage1, stage2, direct_training):
+        monkeypatch.setattr(trains, "train", lambda *a, **k: pytest.fail("training started"))
     old, new, corpus, pairs, target = bases["v1"], bases["new"], CORPUS, world, None
     if case == "dims":
         old = _mismatched_old(bases, tmp_path)
@@ -409,7 +417,7 @@ def test_bad_input_fails_before_training_and_writes_nothing(case, error, message
     else:
         pairs = world.subset([])
     with pytest.raises(error, match=message):
-        up.upgrade(old, new, corpus, pairs, tmp_path / "out", XbtConfig(**TINY),
+        upgrade(old, new, corpus, pairs, tmp_path / "out", XbtConfig(**TINY),
                    target_space=target, show_progress=False)
     assert not (tmp_path / "out").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
@@ -438,8 +446,9 @@ def test_config_from_dict_is_strict_and_reads_manifests_leniently() -> None:
 
 
 def test_upgrade_methods_are_registered_by_name() -> None:
-    from training.xbt import UPGRADES, get_upgrade
-    from training.xbt.methods import Direct, Xbt
+    from training.upgrades import UPGRADES, get_upgrade
+    from training.upgrades.direct.method import Direct
+    from training.upgrades.xbt.method import Xbt
 
     assert dict(UPGRADES) == {"xbt": Xbt, "direct": Direct}
     with pytest.raises(ConfigError, match="unknown upgrade method 'nope'; known methods: "
@@ -498,15 +507,15 @@ def test_a_slerp_mixed_xbt_route_carries_the_old_model(bases, world, tmp_path) -
 
     import torch
 
-    from training.adapters.maps import slerp
+    from training.upgrades.adapter.maps import slerp
 
     cfg = XbtConfig(**TINY)
-    p = up.prepare(bases["v1"], bases["new"], CORPUS, world, cfg, show_progress=False)
-    phi, metrics = up.train_upgrade(p, cfg, show_progress=False)
-    plain = up.write_upgrade(p, phi, cfg, metrics, tmp_path / "plain", version_id="plain")
-    ends = up.write_upgrade(p, phi, replace(cfg, slerp_t=1.0), metrics, tmp_path / "t1",
+    p = prepare(bases["v1"], bases["new"], CORPUS, world, cfg, show_progress=False)
+    phi, metrics = train_upgrade(p, cfg, show_progress=False)
+    plain = write_upgrade(p, phi, cfg, metrics, tmp_path / "plain", version_id="plain")
+    ends = write_upgrade(p, phi, replace(cfg, slerp_t=1.0), metrics, tmp_path / "t1",
                             version_id="t1")
-    half = up.write_upgrade(p, phi, replace(cfg, slerp_t=0.5), metrics, tmp_path / "t5",
+    half = write_upgrade(p, phi, replace(cfg, slerp_t=0.5), metrics, tmp_path / "t5",
                             version_id="t5")
     assert "old_model.safetensors" in load_artifact(ends.path).manifest["files"]
     texts = ["a red circle", "a small blue star on the left"]

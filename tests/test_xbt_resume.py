@@ -17,8 +17,8 @@ from training.contrastive import train_contrastive
 from training.data import PairDataset, generate_items
 from training.errors import ConfigError
 from training.trainer import TrainConfig
-from training.xbt.config import XbtConfig
-from training.xbt.upgrade import upgrade
+from training.upgrades.run import upgrade
+from training.upgrades.xbt.config import XbtConfig
 
 STEPS = 12  # per stage; saved every 4 (stage 2 also at every selection point)
 

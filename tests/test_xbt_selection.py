@@ -19,12 +19,17 @@ from training.data import PairDataset, generate_items
 from training.encoders import Encoder, ModelSpec, create_tokenizer
 from training.errors import ConfigError, DataError
 from training.evaluate import cross_metrics
+from training.routes import native_model
 from training.trainer import TrainConfig
-from training.versions import load_encoder, native_model
-from training.xbt import upgrade as up
-from training.xbt.config import XbtConfig
-from training.xbt.projector import ProjectorHead
-from training.xbt.selection import HELD_OUT, hold_out
+from training.upgrades.artifact import ADAPTERS_FILE, write_upgrade
+from training.upgrades.prepare import prepare
+from training.upgrades.run import upgrade
+from training.upgrades.xbt.config import XbtConfig
+from training.upgrades.xbt.projector import ProjectorHead
+from training.upgrades.xbt.selection import HELD_OUT, hold_out
+from training.upgrades.xbt.stage1 import cache_text, pretrain_fresh
+from training.upgrades.xbt.stage2 import train_stage2
+from training.versions import load_encoder
 
 __all__ = ["world"]  # test_worker's dataset fixture, for the job test
 
@@ -85,13 +90,13 @@ def test_a_stage2_that_only_hurts_ships_stage1_alone(old, pairs, validation, tmp
     cfg = XbtConfig(pretrain_steps=1, pretrain_batch_size=64, pretrain_lr=1e-6,
                     init="procrustes", steps=6, batch_size=16, lr=0.05, prompt_lr=5.0,
                     select_every=2)
-    p = up.prepare(old, twin(old, tmp_path / "twin"), "synth:2000", pairs, cfg,
+    p = prepare(old, twin(old, tmp_path / "twin"), "synth:2000", pairs, cfg,
                    show_progress=False, validation=validation)
     assert len(p.pairs.pixels) == len(pairs)  # a validation set given: nothing held out
-    cache, anchors = up.cache_text(p, cfg, show_progress=False)
-    phi, _ = up.pretrain_fresh(p, cache, cfg, show_progress=False)
+    cache, anchors = cache_text(p, cfg, show_progress=False)
+    phi, _ = pretrain_fresh(p, cache, cfg, show_progress=False)
     stage1_phi = copy.deepcopy(phi)
-    stage2 = up.train_stage2(p.adapters, phi, p.pairs, cfg, anchors, show_progress=False)
+    stage2 = train_stage2(p.adapters, phi, p.pairs, cfg, anchors, show_progress=False)
     sel = stage2.selection
     curve = sel["curve"]
     assert [c["step"] for c in curve] == [0, 2, 4, 6]
@@ -105,11 +110,11 @@ def test_a_stage2_that_only_hurts_ships_stage1_alone(old, pairs, validation, tmp
                                  "captions": len(validation.captions("en")[0])}
     assert p.adapters.enabled is False  # the in-memory route is the chosen one too
 
-    art = up.write_upgrade(p, phi, cfg, stage2.metrics(), tmp_path / "v2", version_id="v2")
+    art = write_upgrade(p, phi, cfg, stage2.metrics(), tmp_path / "v2", version_id="v2")
     manifest = load_artifact(art.path).manifest
     route = manifest["routes"]["v1"]
     assert route["adapters"] is None and route["adapter_config"] is None
-    assert up.ADAPTERS_FILE not in manifest["files"]
+    assert ADAPTERS_FILE not in manifest["files"]
     assert manifest["metrics"]["selection"]["chosen_step"] == 0
     # the shipped route: stage 1's phi on the untouched new model
     head = ProjectorHead(stage1_phi)
@@ -137,7 +142,7 @@ def test_a_stage2_that_helps_ships_its_best_checkpoint(old, pairs, validation,
     cfg = XbtConfig(init="procrustes", pretrain_steps=1, pretrain_batch_size=64,
                     pretrain_lr=1e-6, steps=40, batch_size=32, lr=3e-3, pair_anchor=True,
                     select_every=10)
-    art = up.upgrade(old, new, "synth:500", pairs, tmp_path / "v2", cfg, version_id="v2",
+    art = upgrade(old, new, "synth:500", pairs, tmp_path / "v2", cfg, version_id="v2",
                      show_progress=False, validation=validation)
     sel = art.manifest["metrics"]["selection"]
     curve = {c["step"]: c for c in sel["curve"]}
@@ -148,7 +153,7 @@ def test_a_stage2_that_helps_ships_its_best_checkpoint(old, pairs, validation,
     assert chosen["t2i"] >= curve[0]["t2i"] and chosen["i2t"] >= curve[0]["i2t"]
     assert chosen["score"] > curve[0]["score"]
     assert chosen["score"] == max(c["score"] for c in curve.values())
-    assert art.manifest["routes"]["v1"]["adapters"] == up.ADAPTERS_FILE
+    assert art.manifest["routes"]["v1"]["adapters"] == ADAPTERS_FILE
     shipped = load_encoder(load_artifact(art.path), space="v1", device="cpu")
     assert recall_against_old(shipped, old, validation) == pytest.approx(
         (chosen["t2i"], chosen["i2t"]), abs=1e-9)

@@ -23,7 +23,7 @@ from training.errors import NobackfillError
 
 if TYPE_CHECKING:
     from training.config import MethodConfig
-    from training.xbt.registry import UpgradeMethod
+    from training.upgrades.registry import UpgradeMethod
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -237,9 +237,9 @@ def new_model_from(args: argparse.Namespace) -> Any:
 def cmd_upgrade(args: argparse.Namespace) -> int:
     from training.artifacts import load_artifact
     from training.distributed import check_batches, train_artifact
-    from training.xbt import get_upgrade
-    from training.xbt.config import PRESETS
-    from training.xbt.upgrade import upgrade
+    from training.upgrades import get_upgrade
+    from training.upgrades.run import upgrade
+    from training.upgrades.xbt.config import PRESETS
 
     settings = {**PRESETS[args.preset or "default"], **dict(args.settings)}
     cfg = get_upgrade(args.upgrade).configure(settings)  # before any loading
@@ -269,7 +269,7 @@ def add_new_model_options(p: argparse.ArgumentParser) -> None:
 
 def add_upgrade_inputs(p: argparse.ArgumentParser) -> None:
     """What every upgrade method reads and writes, whatever the method."""
-    from training.xbt.config import PRESETS  # torch-free
+    from training.upgrades.xbt.config import PRESETS  # torch-free
 
     p.add_argument("--old", required=True, help="artifact of the old version (gallery model)")
     add_new_model_options(p)
@@ -308,7 +308,7 @@ def add_upgrade_method(methods: argparse._SubParsersAction, name: str,
 
 
 def add_upgrade(sub: argparse._SubParsersAction) -> None:
-    from training.xbt import UPGRADES  # torch-free: the methods import their code when run
+    from training.upgrades import UPGRADES  # torch-free: the methods import their code when run
 
     p = sub.add_parser("upgrade", help="make a new model compatible with an old gallery")
     methods = p.add_subparsers(dest="upgrade", required=True, metavar="METHOD")
@@ -318,10 +318,10 @@ def add_upgrade(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_adapter(args: argparse.Namespace) -> int:
-    from training.adapters.config import AdapterFitConfig
-    from training.adapters.fit import fit_adapter, sample_from_dataset
     from training.artifacts import load_artifact
-    from training.xbt.inputs import target_space_of
+    from training.upgrades.adapter.config import AdapterFitConfig
+    from training.upgrades.adapter.fit import fit_adapter, sample_from_dataset
+    from training.upgrades.inputs import target_space_of
 
     cfg = AdapterFitConfig.from_dict(dict(args.settings))
     old = load_artifact(args.old)
@@ -336,8 +336,8 @@ def cmd_adapter(args: argparse.Namespace) -> int:
 
 
 def add_adapter(methods: argparse._SubParsersAction) -> None:
-    """``upgrade adapter``: an adapter route fitted on a sample (``training.adapters``)."""
-    from training.adapters.config import AdapterFitConfig
+    """``upgrade adapter``: an adapter route fitted on a sample (``training.upgrades.adapter``)."""
+    from training.upgrades.adapter.config import AdapterFitConfig
 
     summary = ("an adapter route (procrustes, affine, residual-mlp; optional SLERP) fitted on "
                "a sample's old vectors and the new model's embeddings of the same items")

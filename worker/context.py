@@ -92,14 +92,16 @@ class ShardHeartbeat(Heartbeat):
 
 @dataclass
 class JobContext:
-    """What a kind's runner gets: the job, the process settings, the store, the heartbeat
-    (and, for a sharded job, which shard this task runs)."""
+    """What a kind's runner gets (``service.jobkinds.base.RunContext``): the job, the
+    process settings, the store, the heartbeat (and, for a sharded job, which shard this
+    task runs), and the job's parameters as its kind's model."""
 
     job: Job
     settings: Settings
     store: JobStore
     heartbeat: Heartbeat
     shard: int | None = None
+    params: Any = None
 
     def open_dataset(self, path: str, name: str) -> Any:
         """The dataset at ``path``, once it and every image its manifest names are checked

@@ -1,4 +1,5 @@
-"""A job's life in the worker: start (queued -> running), run its kind's runner under a
+"""A job's life in the worker: start (queued -> running), run its kind's runner
+(``service.jobkinds.KINDS[kind].run``, with the parameters as checked at submission) under a
 heartbeat, and record the final status. Whatever goes wrong, the job's work directory
 (where a candidate artifact is written) is removed, so a failed or cancelled job leaves
 the registry and the galleries as they were."""
@@ -7,11 +8,12 @@ from __future__ import annotations
 
 import logging
 import shutil
+from typing import Any
 
+from service.jobkinds import KINDS
 from service.state.config import Settings
 from service.state.jobs.store import Job, JobNotFound, JobStore
 from worker.context import Cancelled, Heartbeat, JobContext, ShardHeartbeat
-from worker.runners import RUNNERS
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +39,8 @@ def run(job_id: str, settings: Settings, worker: str) -> Job | None:
                         "checkpoint", job.id, attempt)
             shutil.rmtree(ctx.out, ignore_errors=True)
         try:
-            outcome = RUNNERS[job.kind](ctx)
+            ctx.params = _params(job)
+            outcome = KINDS[job.kind].run(ctx)
         except Cancelled:
             return store.finish(job.id, "cancelled", attempt, progress=heartbeat.progress or {},
                                 error="cancelled while running; no version was registered")
@@ -67,10 +70,17 @@ def run_shard(job_id: str, shard: int, settings: Settings, worker: str) -> Job |
     log.info("job %s (%s) shard %d started on %s", job.id, job.kind, shard, worker)
     with ShardHeartbeat(store, job.id, shard, settings.job_heartbeat_s) as heartbeat:
         try:
-            outcome = RUNNERS[job.kind](JobContext(job, settings, store, heartbeat, shard))
+            ctx = JobContext(job, settings, store, heartbeat, shard, params=_params(job))
+            outcome = KINDS[job.kind].run(ctx)
         except Cancelled:
             return store.finish_shard(job.id, shard, "cancelled")
         except Exception as exc:
             log.exception("job %s shard %d failed", job.id, shard)
             return store.finish_shard(job.id, shard, "failed", f"{type(exc).__name__}: {exc}")
     return store.finish_shard(job.id, shard, "done", gate=outcome.get("gate"))
+
+
+def _params(job: Job) -> Any:
+    """The job's parameters as its kind's model, read from the record as submission stored
+    them (checked then; not again)."""
+    return KINDS[job.kind].params.model_validate(job.params)

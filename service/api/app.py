@@ -17,6 +17,8 @@ from fastapi import FastAPI
 
 import training
 from service.api import errors
+from service.api.deps import key_checks, require_admin, require_reader
+from service.api.errors import routes_of
 from service.api.middleware import GuardBodies, ObserveRequests
 from service.api.routes import galleries, health, items, jobs, migrations, models, search, web
 from service.api.schemas.errors import ANY, API, BODY, error_responses
@@ -30,9 +32,15 @@ from service.state.config import Settings
 from service.usecases.applier import run_applier
 
 log = logging.getLogger(__name__)
+KEY_DESCRIPTION = ("X-API-Key: an admin key (NOBACKFILL_ADMIN_API_KEYS) for admin operations; "
+                   "the read key (NOBACKFILL_READ_API_KEY) or an admin key for search and "
+                   "thumbnails when a read key is set. Optional on /readyz and /metrics, "
+                   "where a read or admin key adds the gallery-level details.")
 # The error statuses each router's operations may answer, declared in the OpenAPI document
 # with the error body; routes add their own (415 where a body may be JSON or multipart).
-ROUTERS = ((search, (*API, 409)), (galleries, (*API, *BODY)), (items, (*API, *BODY)),
+# Search reads a body too: 400 when a multipart one cannot be parsed (no boundary, a field
+# over the form parser's 1 MiB).
+ROUTERS = ((search, (*API, 400, 409)), (galleries, (*API, *BODY)), (items, (*API, *BODY)),
            (models, (*API, *BODY)), (jobs, (*API, *BODY)),
            (migrations, (*API, *BODY)), (health, ANY), (web, ()))
 
@@ -79,8 +87,9 @@ def create_app(settings: Settings | None = None, load: EncoderLoader | None = No
 
 
 def document_settings(app: FastAPI, settings: Settings) -> None:
-    """The OpenAPI document states this server's limits that are settings (top_k_max):
-    the request models are static classes, the document is built once, lazily."""
+    """The OpenAPI document states this server's limits that are settings (top_k_max) and
+    which operations need a key (search only when a read key is set): the request models
+    are static classes, the document is built once, lazily."""
     build = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -88,9 +97,30 @@ def document_settings(app: FastAPI, settings: Settings) -> None:
         document = build()
         if fresh:
             state_top_k_max(document, settings.top_k_max)
+            state_security(document, app, settings)
         return document
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+def state_security(document: dict[str, Any], app: FastAPI, settings: Settings) -> None:
+    """FastAPI marks every operation that reads the key header as needing the key. Only
+    admin operations do, and search and thumbnails when a read key is set; the others
+    (/readyz, /metrics, open search) take a key optionally, for details: their
+    requirements list ``{}`` (anonymous) first."""
+    schemes = document.get("components", {}).get("securitySchemes", {})
+    for scheme in schemes.values():
+        scheme["description"] = KEY_DESCRIPTION
+    for route in routes_of(app.routes):
+        path, checks = getattr(route, "path_format", None), key_checks(route)
+        for method in getattr(route, "methods", None) or ():
+            operation = document["paths"].get(path, {}).get(method.lower())
+            if operation is None or not operation.get("security"):
+                continue
+            needed = require_admin in checks or (require_reader in checks
+                                                 and settings.read_api_key is not None)
+            if not needed:
+                operation["security"] = [{}, *operation["security"]]
 
 
 async def _first_refresh(runtime: Runtime) -> None:

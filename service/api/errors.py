@@ -6,12 +6,14 @@ goes through ``shown``: bounded and printable, never a whole 5,000-character inp
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Iterator
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
+from starlette.routing import BaseRoute, Match
 
 from service.state import errors as e
 from service.state.errors import ServiceError, shown
@@ -71,7 +73,34 @@ async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
     code = HTTP_CODES.get(exc.status_code, "http_error")
     response = error_response(exc.status_code, code, str(exc.detail))
     response.headers.update(exc.headers or {})
+    if exc.status_code == 405:
+        response.headers["Allow"] = allowed_methods(request)
     return response
+
+
+def allowed_methods(request: Request) -> str:
+    """Every method some route answers at the request's path. Starlette's 405 names only
+    the methods of the first route whose path matched (``Allow: POST`` where another
+    route of the same path answers GET)."""
+    scope = {"type": "http", "method": request.method, "path": request.scope["path"],
+             "root_path": request.scope.get("root_path", "")}  # a bare copy: no side effects
+    methods: set[str] = set()
+    for route in routes_of(request.app.router.routes):
+        answers = getattr(route, "methods", None)
+        if answers and route.matches(dict(scope))[0] is not Match.NONE:
+            methods |= set(answers)
+    return ", ".join(sorted(methods))
+
+
+def routes_of(routes: Iterable[BaseRoute]) -> Iterator[BaseRoute]:
+    """Every route, those of included routers too (FastAPI keeps an included router as one
+    entry; the app includes its routers without a prefix, so their own routes match)."""
+    for route in routes:
+        inner = getattr(route, "original_router", None)
+        if inner is not None:
+            yield from routes_of(inner.routes)
+        else:
+            yield route
 
 
 async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -16,7 +16,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.bodies import MULTIPART
 from service.api.deps import check_key_first
-from service.api.errors import error_response
 from service.runtime.metrics import Metrics
 from service.state.errors import Unauthorized
 
@@ -71,6 +70,12 @@ class GuardBodies:
     on a route that needs a key, without a valid one (401), checked before the first byte
     is handed over, so an unauthenticated malformed body gets 401, not 422.
 
+    The key comes first: a declared ``Content-Length`` over the limit is refused (413,
+    nothing read) only after the route's key check passed, so a bad key gets 401 whatever
+    size it declares. Both need the matched route, known once routing has run: they are
+    made when the app first asks for the body (FastAPI's body reading; a route without a
+    body never asks, and answers as if no body had been sent).
+
     Multipart uploads (spooled to disk by the form parser) may be up to
     ``max_request_bytes``; every other body (JSON, read whole into memory) up to
     ``max_json_bytes``. The refusal is raised as an ``HTTPException`` from ``receive``:
@@ -87,17 +92,12 @@ class GuardBodies:
             return
         multipart = header(scope, b"content-type").split(";")[0].strip().lower() == MULTIPART
         limit = self.max_request_bytes if multipart else self.max_json_bytes
-        declared = header(scope, b"content-length")
-        if declared.isdigit() and int(declared) > limit:  # refused before reading anything
-            await error_response(413, "too_large", too_large(limit, multipart))(
-                scope, receive, send)
-            return
         await self.app(scope, CheckedBody(scope, receive, limit, multipart), send)
 
 
 class CheckedBody:
-    """A ``receive`` that checks the caller's key before the first body message and counts
-    the body's bytes, refusing it past ``limit``."""
+    """A ``receive`` that, before the first body message, checks the caller's key and then
+    the declared Content-Length, and counts the body's bytes, refusing it past ``limit``."""
 
     def __init__(self, scope: Scope, receive: Receive, limit: int, multipart: bool) -> None:
         self.scope = scope
@@ -114,6 +114,9 @@ class CheckedBody:
                 check_key_first(self.scope)  # routing has run: scope["route"] is known
             except Unauthorized as exc:
                 raise HTTPException(401, exc.message) from exc
+            declared = header(self.scope, b"content-length")
+            if declared.isdigit() and int(declared) > self.limit:  # refused before reading
+                raise HTTPException(413, too_large(self.limit, self.multipart))
         message = await self.receive()
         if message["type"] != "http.request":
             return message

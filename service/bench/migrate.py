@@ -146,8 +146,8 @@ def _write_images(work: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 def _fit_route(old: Any, new: Any, data: dict[str, Any], args: argparse.Namespace,
                work: Path) -> Any:
-    from training.adapters import AdapterFitConfig
-    from training.adapters.fit import fit_adapter, sample_from_dataset
+    from training.upgrades.adapter import AdapterFitConfig
+    from training.upgrades.adapter.fit import fit_adapter, sample_from_dataset
 
     sample = sample_from_dataset(old, data["fill"], k=args.sample, seed=0)
     return fit_adapter(new, sample, AdapterFitConfig(method="procrustes"), old.space,
@@ -159,28 +159,30 @@ def _build(work: Path, old: Any, route: Any, data: dict[str, Any],
     """Register OLD and the route version, create the gallery, embed every image with OLD
     through the shared ingest pipeline (the origin of each item is its file), promote."""
     from service.state.gallery import GalleryStore, open_qdrant
-    from service.state.gallery.ingest import GalleryWriter, ingest_dataset
     from service.state.registry import Registry
+    from service.state.registry.gates import Binding
     from service.state.thumbnails import ThumbnailStore
+    from service.vectors.ingest import ingest_dataset
+    from service.vectors.writer import DirectWriter
     from training.gate import run_gate
     from training.versions import load_encoder
 
     settings = _settings(work)
-    registry = Registry(settings.registry_dir)
+    registry = Registry.of(settings)
     registry.register(old.path, by="bench")
-    gate = run_gate(route, old, data["test"])
+    gallery = registry.create_gallery(GALLERY, old.space, by="bench", version=old.version_id,
+                                      validation=str(data["test_dir"]))
+    binding = Binding.now(gallery, registry.gate_policy)  # a report counts where measured
+    gate = binding.apply(run_gate(route, old, data["test"], registry.gate_policy.criterion()))
     registry.register(route.path, by="bench", gate=gate)
-    registry.create_gallery(GALLERY, old.space, by="bench", version=old.version_id,
-                            validation=str(data["test_dir"]))
     encoder = load_encoder(old, old.space)
     store = GalleryStore(open_qdrant(settings), serialise=True)
     start = time.perf_counter()
     try:
         store.create(GALLERY, encoder.embed_dim)
-        writer = GalleryWriter(store, ThumbnailStore.of(settings), GALLERY, old.version_id,
-                               old.space)
+        writer = DirectWriter.fixed(store, ThumbnailStore.of(settings), GALLERY, old.space)
         for dataset in (data["test"], data["fill"]):
-            ingest_dataset(encoder, writer, dataset, 256)
+            ingest_dataset({old.space: encoder}, old.version_id, writer, dataset, 256)
         count = store.count(GALLERY)
     finally:
         store.close()

@@ -14,10 +14,12 @@ import torch
 
 from service.state.config import Settings
 from service.state.gallery import GalleryStore, open_qdrant
-from service.state.gallery.ingest import GalleryWriter, Source, embed, payload
 from service.state.registry import Registry
 from service.state.thumbnails import ThumbnailStore
 from service.usecases.media import png_base64
+from service.vectors.embed import embed
+from service.vectors.ingest import Source, payload, upserts
+from service.vectors.writer import DirectWriter, GalleryWriter
 from training.artifacts import WEIGHTS, model_state, write_artifact
 from training.data import generate_items, render
 from training.encoders import ModelSpec, create_model, model_embed_dim
@@ -55,7 +57,7 @@ def build_gallery(settings: Settings, spec: ModelSpec, points: int, embed_count:
     store = GalleryStore(open_qdrant(settings), serialise=True)
     try:
         store.create(GALLERY, encoder.embed_dim)
-        writer = GalleryWriter(store, ThumbnailStore.of(settings), GALLERY, VERSION, VERSION)
+        writer = DirectWriter.fixed(store, ThumbnailStore.of(settings), GALLERY, VERSION)
         sources = _sources(min(embed_count, points))
         _write_replicated(writer, sources, embed(encoder, sources), points)
     finally:
@@ -84,7 +86,7 @@ def _write_replicated(writer: GalleryWriter, sources: list[Source],
             copies.append(Source(f"{base.id}#{i}", payload=payload(
                 {"copy_of": i % n}, domain=(base.payload or {}).get("domain"))))
             moved.append({k: _jitter(v, rng, i >= n) for k, v in vectors[i % n].items()})
-        writer.write(copies, moved)
+        writer.write(upserts(VERSION, copies, {VERSION: moved}))
 
 
 def _jitter(vector: np.ndarray, rng: np.random.Generator, noisy: bool) -> np.ndarray:

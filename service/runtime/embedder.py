@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from open_clip.model import get_model_preprocess_cfg
 from PIL import Image
 
 from service.runtime.batching import MicroBatcher
@@ -41,6 +42,13 @@ class Embedder:
     @property
     def dim(self) -> int:
         return self.encoder.embed_dim
+
+    @property
+    def image_side(self) -> int:
+        """The longer side of the model's input: its preprocess resizes every image to it,
+        so decoding far more pixels than that is wasted (``service.usecases.media``)."""
+        size = get_model_preprocess_cfg(self.encoder.model).get("size", 224)
+        return int(max(size)) if isinstance(size, (tuple, list)) else int(size)
 
     def pixels(self, image: Image.Image) -> torch.Tensor:
         """[3, H, W] model input for one image (blocking; run it off the event loop)."""

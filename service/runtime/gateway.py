@@ -45,7 +45,7 @@ class Gateway:
 
 def open_gateway(settings: Settings, metrics: Metrics,
                  load: EncoderLoader | None = None) -> Gateway:
-    registry = Registry(settings.registry_dir)
+    registry = Registry.of(settings)  # checks gates under this process's criterion
     # Local Qdrant mode has no internal locking; a server handles concurrency itself.
     store = GalleryStore(open_qdrant(settings), serialise=settings.qdrant_url is None)
     lane = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nobackfill-device")

@@ -107,6 +107,8 @@ class Runtime:
                 return False
             servings = {name: await self._serving(g, versions) for name, g in galleries.items()}
             self._swap(Snapshot(revision, servings))
+            # Deleted galleries and retired versions leave the metrics too.
+            self.metrics.forget(galleries.keys(), versions.keys())
             self.loaded = True
             return True
 
@@ -157,7 +159,7 @@ class Runtime:
         """A version that fails to load never replaces one that works."""
         log.exception("could not load version '%s' for gallery '%s'", gallery.active,
                       gallery.name, exc_info=exc)
-        self.metrics.load_errors.labels(gallery.active).inc()
+        self.metrics.load_failed(gallery.active)
         problem = f"version '{gallery.active}' could not be loaded: {exc}"
         previous = self._snapshot.galleries.get(gallery.name)
         if previous is not None and previous.embedder is not None:
@@ -175,7 +177,7 @@ class Runtime:
         for name, serving in new.galleries.items():
             before = old.galleries.get(name)
             if before is not None and before.version != serving.version:
-                self.metrics.swaps.labels(name).inc()
+                self.metrics.swapped(name)
             self.metrics.set_active(name, serving.version, serving.space)
 
     def _retire(self, snapshot: Snapshot) -> None:

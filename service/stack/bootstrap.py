@@ -14,9 +14,10 @@ from pathlib import Path
 
 from service.state.config import Settings
 from service.state.gallery import GalleryStore, open_qdrant
-from service.state.gallery.ingest import GalleryWriter, ingest_dataset
 from service.state.registry import Registry
 from service.state.thumbnails import ThumbnailStore
+from service.vectors.ingest import ingest_dataset
+from service.vectors.writer import DirectWriter
 from training.artifacts import Artifact
 from training.data import PairDataset
 
@@ -103,10 +104,9 @@ def ingest_images(settings: Settings, artifact: Artifact, dataset: PairDataset,
     store = GalleryStore(open_qdrant(settings), serialise=settings.qdrant_url is None)
     try:
         store.create(gallery, int(encoder.embed_dim))
-        writer = GalleryWriter(store, ThumbnailStore.of(settings), gallery, artifact.version_id,
-                               artifact.space)
+        writer = DirectWriter.fixed(store, ThumbnailStore.of(settings), gallery, artifact.space)
         with tqdm(total=len(dataset), desc="ingest", unit="image") as bar:
-            ingest_dataset(encoder, writer, dataset, BATCH,
-                           on_batch=lambda done, _: bar.update(done - bar.n))
+            ingest_dataset({artifact.space: encoder}, artifact.version_id, writer, dataset,
+                           BATCH, on_batch=lambda done, _: bar.update(done - bar.n))
     finally:
         store.close()

@@ -46,6 +46,14 @@ class Settings(BaseSettings):
     top_k_max: int = Field(100, ge=1, le=10_000)
     max_image_pixels: int = Field(40_000_000, ge=1, description="larger images get 413")
     max_image_bytes: int = Field(20 * 2**20, ge=1, description="larger uploads get 413")
+    decode_pixel_budget: int | None = Field(
+        None, ge=1, description="pixels that the image decodes in flight may hold at once, "
+        "over every request of the process (at most 4 bytes each while decoding); a decode "
+        "that does not fit waits its turn (first come, first served), and one larger than "
+        "the whole budget runs alone; unset: MAX_IMAGE_PIXELS (one max-size image at a time)")
+    decode_wait_s: float = Field(
+        30.0, ge=0, description="how long an image waits for room in the decode budget "
+        "before the request gets 503 (retry later)")
     max_request_bytes: int = Field(
         256 * 2**20, ge=1, description="multipart/form-data request bodies (image uploads): "
         "larger ones get 413, counted as they arrive (chunked ones too); also caps every body")
@@ -150,6 +158,10 @@ class Settings(BaseSettings):
     def broker_dir(self) -> Path:
         """Where the embedded (filesystem) broker keeps its messages and results."""
         return self.data_dir / "broker"
+
+    @property
+    def decode_budget_pixels(self) -> int:
+        return self.decode_pixel_budget or self.max_image_pixels
 
     @property
     def batch_max_wait_s(self) -> float:

@@ -1,10 +1,12 @@
 """The gateway's applier: the one process that owns the gallery store writes what workers
-computed (``service.state.gallery.spool``), on the embedded default and on a server alike.
+computed (``service.vectors.spool``), with a ``DirectWriter``, on the embedded default and
+on a server alike.
 
-Every ``apply_interval_s``: apply the spool of each unfinished ``ingest`` and ``migrate``
-job (under the gallery's write lock), finish ``ingest`` jobs whose spool is all written,
-queue again the shards of workers that went silent, and drive each backfilling migration
-one step (``service.usecases.migration.drive``). Replicas share the work through a lock
+Every ``apply_interval_s``: apply the spool of each unfinished job of a kind that spools
+(``JobKind.spools``: ``ingest``, ``migrate``; under the gallery's write lock), then call
+its kind's ``finish`` (an ``ingest`` job whose spool is all written succeeds), queue again
+the shards of workers that went silent, and run each kind's ``tick`` (a backfilling
+migration moves one step: ``service.jobkinds.migrate.control.drive``). Replicas share the work through a lock
 on the shared volume: one applies at a time.
 """
 
@@ -16,14 +18,14 @@ from dataclasses import replace
 
 from filelock import FileLock, Timeout
 
+from service.jobkinds import KINDS
 from service.runtime.gateway import Gateway
-from service.state.gallery.locks import LOCKS, gallery_lock
-from service.state.gallery.spool import Applied, apply_batch, pending, read_batch
+from service.state.gallery.locks import LOCKS
 from service.state.jobs.store import Job
-from service.usecases import migration
+from service.vectors.spool import pending, read_batch
+from service.vectors.writer import Applied, DirectWriter
 
 log = logging.getLogger(__name__)
-SPOOLING = ("ingest", "migrate")  # job kinds whose workers spool into a gallery
 KEPT_UNREADABLE = 1000  # unreadable items a job record lists (it counts them all)
 
 
@@ -56,18 +58,14 @@ async def tick(gateway: Gateway) -> None:
 
 async def _tick(gateway: Gateway) -> None:
     jobs = [j for j in await asyncio.to_thread(gateway.jobs.list)
-            if j.kind in SPOOLING and not j.finished]
+            if j.kind in KINDS and KINDS[j.kind].spools and not j.finished]
     for job in jobs:
         await asyncio.to_thread(apply_spool, gateway, job)
-        if job.kind == "ingest":
-            await asyncio.to_thread(_finish_ingest, gateway, job.id)
+        await asyncio.to_thread(KINDS[job.kind].finish, gateway, job)
     queue = await asyncio.to_thread(gateway.jobs.reap_shards,
                                     gateway.settings.job_stale_after_s)
-    for record in await asyncio.to_thread(gateway.registry.galleries):
-        if record.migration is not None and record.migration.state == "backfilling":
-            queue += await migration.drive(gateway, record)
-        elif record.migration is not None:
-            await migration.settle(gateway, record)
+    for kind in KINDS.values():
+        queue += await kind.tick(gateway)
     for job_id, shard in queue:
         log.info("queueing shard %d of job %s", shard, job_id)
         await asyncio.to_thread(gateway.queue.send_shard, job_id, shard)
@@ -78,13 +76,12 @@ def apply_spool(gateway: Gateway, job: Job) -> int:
     once written, and the job record counts what was written. A batch that cannot be
     read or written fails the job (a migration is then undone)."""
     work = gateway.jobs.work_dir(job.id)
+    writer = DirectWriter.registered(gateway.store, gateway.settings, gateway.registry,
+                                     job.gallery)
     written = 0
     for path in pending(work):
         try:
-            batch = read_batch(path)
-            with gallery_lock(gateway.settings, job.gallery):
-                record = gateway.registry.gallery(job.gallery)
-                applied = apply_batch(gateway.store, record, batch)
+            applied = writer.write(read_batch(path))
         except Exception as exc:
             log.exception("job %s: spooled batch %s could not be applied", job.id, path.name)
             gateway.jobs.finish(job.id, "failed", error=f"spooled batch {path.name} could not "
@@ -106,16 +103,3 @@ def _count(job: Job, applied: Applied) -> Job:
             applied.unreadable)
         result["unreadable"] = listed[:KEPT_UNREADABLE]
     return replace(job, result=result)
-
-
-def _finish_ingest(gateway: Gateway, job_id: str) -> None:
-    """An ingest job whose worker is done and whose spool is all written succeeds (one
-    cancelled meanwhile ends cancelled: what was written stays, a re-run is idempotent)."""
-    job = gateway.jobs.get(job_id)
-    if job.status != "applying" or pending(gateway.jobs.work_dir(job_id)):
-        return
-    if job.cancel_requested:
-        gateway.jobs.finish(job_id, "cancelled", error="cancelled while its items were "
-                            f"written; {job.result.get('applied', 0)} were written")
-        return
-    gateway.jobs.finish(job_id, "succeeded")

@@ -4,6 +4,7 @@ Prometheus metrics.
 What a caller learns depends on its key: anyone learns ready or not (a load balancer needs
 no key), only a read or admin key learns which galleries and versions serve and why a
 replica is not ready (gallery names, version ids and error texts describe the deployment).
+The same holds for metrics: the gallery-level series need a read or admin key.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ async def readiness(gateway: Gateway, detailed: bool) -> dict[str, Any]:
             "workers": len(await asyncio.to_thread(live_workers, gateway.settings))}
 
 
-def metrics_text(gateway: Gateway) -> bytes:
-    """The Prometheus exposition of this process's metrics."""
-    return gateway.metrics.exposition()
+def metrics_text(gateway: Gateway, detailed: bool) -> bytes:
+    """The Prometheus exposition of this process's metrics: the process-level series
+    (bounded labels, no gallery or version named) to anyone, the gallery-level ones
+    (active version, swaps, load errors) only when ``detailed`` (a read or admin key)."""
+    return gateway.metrics.exposition(galleries=detailed)

@@ -1,10 +1,10 @@
 """Add and delete a gallery's items.
 
 Adding: validate every item first (a bad one rejects the whole batch, nothing is
-written), keep each uploaded image's bytes (``service.state.gallery.sources``: a migration
+written), keep each uploaded image's bytes (``service.vectors.sources``: a migration
 re-embeds from them), embed with the serving version's route into the gallery's space on
 the device lane (and into the other side's space while a migration keeps two), and write
-through the shared pipeline (``service.state.gallery.ingest``): upsert by caller id
+through the shared pipeline (``service.vectors``: a ``DirectWriter``): upsert by caller id
 (sending the same batch twice changes nothing), thumbnails beside. Writes and deletes take
 the gallery's write lock, which orders them against a migration's backfill.
 """
@@ -24,11 +24,13 @@ from service.runtime.gateway import Gateway
 from service.runtime.serving import Serving
 from service.state.config import Settings
 from service.state.errors import InvalidInput, NotFound, ServiceError, Unavailable, shown
-from service.state.gallery.ingest import Source, embed, payload, write_sides
 from service.state.gallery.locks import gallery_lock
-from service.state.gallery.sources import SourceStore
-from service.state.thumbnails import ThumbnailStore
-from service.usecases.media import decode_image
+from service.state.thumbnails import MAX_SIDE, ThumbnailStore
+from service.usecases.media import DecodeBudget, decode_image
+from service.vectors.embed import embed
+from service.vectors.ingest import Source, payload, upserts
+from service.vectors.sources import SourceStore
+from service.vectors.writer import DirectWriter, Sides
 
 
 @dataclass(frozen=True)
@@ -51,28 +53,22 @@ async def add_items(gateway: Gateway, gallery: str, items: Sequence[NewItem]) ->
     check_items(items, gateway.settings.ingest_max_items)
     serving = gateway.runtime.serving(gallery)
     embedder = serving.ready()
-    sources = await asyncio.to_thread(_sources, items, gateway.settings)
-    sides = []
-    for space, collection, side_embedder in ((serving.space, serving.collection, embedder),
-                                             *((o.space, o.collection, o.embedder)
-                                               for o in serving.others)):
+    side = max(e.image_side for e in (embedder, *(o.embedder for o in serving.others)))
+    sources = await asyncio.to_thread(_sources, items, gateway.settings, side)
+    vectors = {}
+    for space, side_embedder in ((serving.space, embedder),
+                                 *((o.space, o.embedder) for o in serving.others)):
         prepared = await asyncio.to_thread(Preprocessed, side_embedder, sources)
-        vectors = await asyncio.get_running_loop().run_in_executor(
+        vectors[space] = await asyncio.get_running_loop().run_in_executor(
             side_embedder.lane, embed, prepared, sources)
-        sides.append((space, collection, vectors))
-    count = await asyncio.to_thread(_locked_write, gateway, serving, sources, sides)
-    return Ingested(gallery, embedder.version, embedder.space, count)
+    writer = DirectWriter(gateway.store, ThumbnailStore.of(gateway.settings), serving.gallery,
+                          lambda: _same_sides(gateway, serving),
+                          lambda: gallery_lock(gateway.settings, serving.gallery))
+    applied = await asyncio.to_thread(writer.write, upserts(serving.version, sources, vectors))
+    return Ingested(gallery, embedder.version, embedder.space, applied.written)
 
 
-def _locked_write(gateway: Gateway, serving: Serving, sources: Sequence[Source],
-                  sides: Sequence[tuple[str, str, Sequence[Mapping[str, np.ndarray]]]]) -> int:
-    with gallery_lock(gateway.settings, serving.gallery):
-        _same_sides(gateway, serving)
-        return write_sides(gateway.store, ThumbnailStore.of(gateway.settings), serving.gallery,
-                           serving.version, sources, sides)
-
-
-def _same_sides(gateway: Gateway, serving: Serving) -> None:
+def _same_sides(gateway: Gateway, serving: Serving) -> Sides:
     """Under the write lock: the sides this request embedded for are still the gallery's
     (a migration that began or ended since it started would miss a side): else 503, retry."""
     record = gateway.registry.gallery(serving.gallery)
@@ -83,6 +79,7 @@ def _same_sides(gateway: Gateway, serving: Serving) -> None:
         raise Unavailable(f"gallery '{serving.gallery}' changed sides (a migration began, "
                           f"switched or ended) while this request ran; nothing was written, "
                           f"send it again")
+    return Sides.of(record)
 
 
 async def delete_items(gateway: Gateway, gallery: str, ids: list[str]) -> int:
@@ -135,21 +132,25 @@ class Preprocessed:
         return self.embedder.encode_pixels([self.pixels[id(image)] for image in images])
 
 
-def _sources(items: Sequence[NewItem], settings: Settings) -> list[Source]:
+def _sources(items: Sequence[NewItem], settings: Settings, side: int) -> list[Source]:
     """Decode every image (the error names the item that failed) into the pipeline's
-    sources, then keep the originals; the caller's payload is stored as given."""
-    images = [_image(n, item, settings) for n, item in enumerate(items)]
+    sources, then keep the originals; the caller's payload is stored as given. Images are
+    decoded only as large as the models (input ``side``) and the thumbnail need, under the
+    process's decode budget: the kept original is what a later re-embedding reads, at
+    full size."""
+    images = [_image(n, item, settings, side) for n, item in enumerate(items)]
     kept = SourceStore.of(settings)
     return [Source(item.id, item.text, image, payload(item.payload),
                    kept.put(item.image) if item.image is not None else None)
             for item, image in zip(items, images, strict=True)]
 
 
-def _image(n: int, item: NewItem, settings: Settings) -> Image.Image | None:
+def _image(n: int, item: NewItem, settings: Settings, side: int) -> Image.Image | None:
     if item.image is None:
         return None
     try:
-        return decode_image(item.image, settings.max_image_pixels, settings.max_image_bytes)
+        return decode_image(item.image, settings.max_image_pixels, settings.max_image_bytes,
+                            side, DecodeBudget.of(settings), at_least=MAX_SIDE)
     except ServiceError as exc:
         raise type(exc)(f"item {n} ('{shown(item.id)}'): {exc.message}") from exc
 

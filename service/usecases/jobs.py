@@ -9,66 +9,30 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from service.jobkinds import Params, check_job, kind_of
 from service.runtime.gateway import Gateway
 from service.state.errors import Unavailable
-from service.state.jobs.specs import check_job
 from service.state.jobs.store import Job
 from service.state.jobs.workers import live_workers, require_live_worker
 from service.state.paths import Roots
-from service.usecases import migration
 
 
-async def submit_job(gateway: Gateway, kind: str, gallery: str, params: dict[str, Any],
-                     auto_promote: bool, by: str) -> Job:
-    """A queued job, or InvalidInput (bad parameters, nothing created) or Unavailable (no
-    live worker, or the broker is down: the record is removed again, so nothing is
-    half-created)."""
-    settings, jobs = gateway.settings, gateway.jobs
+async def submit_job(gateway: Gateway, kind: str, gallery: str,
+                     params: Params | dict[str, Any], auto_promote: bool, by: str) -> Job:
+    """A queued job, or InvalidInput (bad parameters, nothing created), Conflict (the kind
+    cannot start now) or Unavailable (no live worker, or the broker is down: the record is
+    removed again, so nothing is half-created). ``params``: as the API's schema parsed
+    them (checked here for what they name), or a dict (parsed here). The kind's ``start``
+    queues the job (``service.jobkinds``)."""
+    job_kind = kind_of(kind)
     parsed = await asyncio.to_thread(check_job, kind, gallery, params, gateway.registry,
-                                     Roots.of(settings))
-    if kind == "migrate":
-        await asyncio.to_thread(migration.check_can_start, gateway, gallery)
-    await asyncio.to_thread(require_live_worker, settings)
-    job = await asyncio.to_thread(jobs.create, kind, gallery, parsed.model_dump(by_alias=True),
-                                  by=by, auto_promote=auto_promote)
-    if kind == "migrate":
-        return await _submit_shards(gateway, job)
-    try:  # what the worker needs from the gallery store, read here: this process owns it
-        await asyncio.to_thread(parsed.snapshot, gateway.store, gallery, jobs.work_dir(job.id))
-    except Exception:
-        await asyncio.to_thread(jobs.delete, job.id)
-        raise
-    try:
-        await asyncio.wait_for(asyncio.to_thread(gateway.queue.send, job.id),
-                               timeout=settings.broker_timeout_s * 2)
-    except (Unavailable, asyncio.TimeoutError) as exc:
-        await asyncio.to_thread(jobs.delete, job.id)
-        if isinstance(exc, Unavailable):
-            raise
-        raise Unavailable(f"the job queue did not answer within "
-                          f"{settings.broker_timeout_s * 2:.0f}s; the job was not created") from exc
-    return job
-
-
-async def _submit_shards(gateway: Gateway, job: Job) -> Job:
-    """A migration: open it and plan its shards (``migration.prepare``), then queue every
-    shard; if any step fails, the migration is undone and the job record removed."""
-    try:
-        shards = await migration.prepare(gateway, job)
-    except Exception:
-        await asyncio.to_thread(gateway.jobs.delete, job.id)
-        raise
-    try:
-        for shard in shards:
-            await asyncio.wait_for(asyncio.to_thread(gateway.queue.send_shard, job.id, shard),
-                                   timeout=gateway.settings.broker_timeout_s * 2)
-    except (Unavailable, asyncio.TimeoutError) as exc:
-        await migration.abort(gateway, job.gallery, job.id)
-        await asyncio.to_thread(gateway.jobs.delete, job.id)
-        if isinstance(exc, Unavailable):
-            raise
-        raise Unavailable("the job queue did not answer; the migration was not started") from exc
-    return await asyncio.to_thread(gateway.jobs.get, job.id)
+                                     Roots.of(gateway.settings))
+    await asyncio.to_thread(job_kind.can_start, gateway, gallery)
+    await asyncio.to_thread(require_live_worker, gateway.settings)
+    job = await asyncio.to_thread(gateway.jobs.create, kind, gallery,
+                                  parsed.model_dump(by_alias=True), by=by,
+                                  auto_promote=auto_promote)
+    return await job_kind.start(gateway, job, parsed)
 
 
 async def list_jobs(gateway: Gateway) -> list[Job]:

@@ -1,7 +1,8 @@
-"""Model versions: list and read them, register an artifact (only from the allowed roots,
-and without a gate: the service runs gates), promote a version to serve a gallery, roll
-back, retire one. A promotion or rollback answers after this replica has swapped (others
-follow by polling the registry)."""
+"""Model versions: list and read them (each gate report with whether it still counts for
+its gallery), register an artifact (only from the allowed roots, and without a gate: the
+service runs gates), promote a version to serve a gallery, roll back, retire one. A
+promotion or rollback answers after this replica has swapped (others follow by polling
+the registry)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from service.state.errors import Conflict
 from service.state.jobs.store import Job
 from service.state.paths import Roots
 from service.state.registry import GalleryRecord, VersionRecord
+from service.state.registry.gates import Standing
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,7 @@ class Version:
     record: VersionRecord
     manifest: dict[str, Any]
     created: bool = True  # False: an identical artifact was registered already
+    gates: tuple[Standing, ...] = ()  # its gate reports, oldest first, current or stale
 
 
 @dataclass(frozen=True)
@@ -32,12 +35,14 @@ class Swapped:
 
 async def list_versions(gateway: Gateway) -> list[Version]:
     records = await asyncio.to_thread(gateway.registry.versions)
-    return [Version(r, await _manifest(gateway, r.version_id)) for r in records]
+    gates = await asyncio.to_thread(gateway.registry.gate_standings, records)
+    return [Version(r, await _manifest(gateway, r.version_id), gates=gates[r.version_id])
+            for r in records]
 
 
 async def get_version(gateway: Gateway, version_id: str) -> Version:
     record = await asyncio.to_thread(gateway.registry.version, version_id)
-    return Version(record, await _manifest(gateway, version_id))
+    return await _version(gateway, record)
 
 
 async def register_version(gateway: Gateway, source: str, by: str, move: bool) -> Version:
@@ -47,7 +52,7 @@ async def register_version(gateway: Gateway, source: str, by: str, move: bool) -
     ``created`` False; other files under a taken id: AlreadyExists."""
     path = await asyncio.to_thread(Roots.of(gateway.settings).confine, source, "source")
     record, created = await asyncio.to_thread(gateway.registry.add, path, by=by, move=move)
-    return Version(record, await _manifest(gateway, record.version_id), created)
+    return await _version(gateway, record, created)
 
 
 async def delete_version(gateway: Gateway, version_id: str) -> VersionRecord:
@@ -88,6 +93,12 @@ async def rollback(gateway: Gateway, version_id: str, gallery: str, by: str,
 async def _swapped(gateway: Gateway, record: GalleryRecord) -> Swapped:
     await gateway.runtime.refresh()
     return Swapped(record, gateway.runtime.serving(record.name))
+
+
+async def _version(gateway: Gateway, record: VersionRecord, created: bool = True) -> Version:
+    gates = await asyncio.to_thread(gateway.registry.gate_standings, [record])
+    return Version(record, await _manifest(gateway, record.version_id), created,
+                   gates[record.version_id])
 
 
 async def _manifest(gateway: Gateway, version_id: str) -> dict[str, Any]:

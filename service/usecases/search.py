@@ -7,14 +7,13 @@ import asyncio
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from service.runtime.embedder import Embedder
 from service.runtime.gateway import Gateway
 from service.state.config import Settings
 from service.state.errors import InvalidInput
 from service.state.gallery.store import Hit, Where
-from service.usecases.media import decode_image
+from service.usecases.media import decode_image_async
 
 
 @dataclass(frozen=True)
@@ -60,9 +59,6 @@ async def embed_query(embedder: Embedder, query: Query, settings: Settings) -> n
     if query.text is not None:
         return await embedder.embed_text(query.text)
     assert query.image is not None
-    pixels = await asyncio.to_thread(_pixels, embedder, query.image, settings)
+    image = await decode_image_async(query.image, settings, embedder.image_side)
+    pixels = await asyncio.to_thread(embedder.pixels, image)
     return await embedder.embed_pixels(pixels)
-
-
-def _pixels(embedder: Embedder, data: bytes, settings: Settings) -> torch.Tensor:
-    return embedder.pixels(decode_image(data, settings.max_image_pixels, settings.max_image_bytes))

@@ -1,4 +1,4 @@
-"""The gateway's web page: static files (HTML, one stylesheet, two ES modules) shipped
+"""The gateway's web page: static files (HTML, one stylesheet, two ES modules, an icon) shipped
 inside the package and served as they are, with no build step.
 
 Only the names in ``ASSETS`` can be served, so a request path never reaches the disk.
@@ -14,6 +14,7 @@ ASSETS = {
     "app.js": "text/javascript; charset=utf-8",
     "views.js": "text/javascript; charset=utf-8",
     "app.css": "text/css; charset=utf-8",
+    "favicon.svg": "image/svg+xml",  # linked from the page, so no browser asks for /favicon.ico
 }
 # Everything comes from the gateway itself: no CDN, no inline script, no plugins.
 # Thumbnails fetched with an API key are shown through blob: URLs.

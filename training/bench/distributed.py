@@ -52,8 +52,8 @@ def _base(ranks: int, args: argparse.Namespace, data: PairDataset, out: Path) ->
 def _xbt(ranks: int, args: argparse.Namespace, data: PairDataset, old: Any, out: Path) -> Any:
     from training.distributed import train_artifact
     from training.encoders import ModelSpec
-    from training.xbt.config import XbtConfig
-    from training.xbt.upgrade import upgrade
+    from training.upgrades.run import upgrade
+    from training.upgrades.xbt.config import XbtConfig
 
     # select_every=0: this bench times stage 2 and compares the trained adapters over ranks
     cfg = XbtConfig(pretrain_steps=XBT_PRETRAIN_STEPS, pretrain_batch_size=args.batch_size,

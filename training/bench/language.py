@@ -95,7 +95,7 @@ def scores(art: Any, test: TestSet) -> dict[str, float]:
 
 def image_tower_identical(a: Any, b: Any) -> bool:
     """Every ``visual.*`` tensor of two versions equal bit for bit."""
-    from training.versions import native_model
+    from training.routes import native_model
 
     sa, sb = native_model(a).state_dict(), native_model(b).state_dict()
     keys = [k for k in sa if k.startswith("visual.")]

@@ -59,8 +59,8 @@ FIT_LIMIT_S = 60.0
 # ---------------------------------------------------------------------------- adapters
 def adapter_sample(old: Any, k: int, draw: int) -> Any:
     """K fresh items with OLD's vectors, as the gallery stores them (images and captions)."""
-    from training.adapters.fit import sample_from_dataset
     from training.data import PairDataset, generate_items
+    from training.upgrades.adapter.fit import sample_from_dataset
 
     items = generate_items(k, seed=SAMPLE_SEED + 101 * draw, languages=("en",),
                            id_prefix="sample-")
@@ -70,9 +70,9 @@ def adapter_sample(old: Any, k: int, draw: int) -> Any:
 def run_adapters(old: Any, new: Any, k: int, draw: int, gallery: Gallery,
                  out: Path) -> tuple[dict[str, tuple], dict[str, float]]:
     """Every adapter row: (artifact, test-set embeddings) and fit seconds per row."""
-    from training.adapters import AdapterFitConfig
-    from training.adapters.fit import fit_adapter
     from training.bench.xbt import artifact_embeddings
+    from training.upgrades.adapter import AdapterFitConfig
+    from training.upgrades.adapter.fit import fit_adapter
 
     sample = adapter_sample(old, k, draw)
     rows: dict[str, tuple] = {}

@@ -30,7 +30,7 @@ from typing import Any
 
 from training.bench.base_models import BaseBench, test_set
 from training.console import report_command
-from training.xbt.config import PRESETS, XbtConfig
+from training.upgrades.xbt.config import PRESETS, XbtConfig
 
 PAIRS_SEED = 20_000  # the paired set differs from the base training sets (seeds 1, 2)
 VALIDATION_SEED = 25_000  # stage 2's validation split: neither the pairs nor any test set
@@ -140,7 +140,7 @@ def validation_set(n: int, draw: int = 0) -> Any:
 def text_only_cell(p: Any, phi: Any, old_emb: tuple, gallery: Gallery) -> dict[str, Any]:
     """phi after stage 1 on the off-the-shelf new model (adapters off), new->old."""
     from training.encoders import Encoder
-    from training.xbt.projector import ProjectorHead
+    from training.upgrades.xbt.projector import ProjectorHead
 
     head = ProjectorHead(phi)
     with p.adapters.disabled():
@@ -160,7 +160,8 @@ def train_variant(p: Any, phi: Any, cfg: XbtConfig, anchors: Any, out: Path,
                   name: str, slerp_t: float = 0.0) -> tuple[Any, float, Any]:
     """Stage 2 from the shared stage-1 phi; writes the version; (artifact, seconds, and the
     same trained route SLERP-mixed with OLD as a second version when ``slerp_t`` > 0)."""
-    from training.xbt.upgrade import train_stage2, write_upgrade
+    from training.upgrades.artifact import write_upgrade
+    from training.upgrades.xbt.stage2 import train_stage2
 
     start = time.perf_counter()
     metrics = train_stage2(p.adapters, phi, p.pairs, cfg, anchors).metrics()
@@ -181,7 +182,8 @@ def run_upgrades(old: Any, new: Any, bench: XbtBench, old_emb: tuple, gallery: G
     own query). Returns
     (cells, seconds, row name -> (artifact, its test-set embeddings)); the text-only row
     has no artifact."""
-    from training.xbt.upgrade import cache_text, prepare, pretrain_fresh
+    from training.upgrades.prepare import prepare
+    from training.upgrades.xbt.stage1 import cache_text, pretrain_fresh
 
     cfg = bench.config
     anchored = replace(cfg, anchor=True, pair_anchor=True)
@@ -214,7 +216,7 @@ def _stage2_rows(p: Any, phi: Any, variants: tuple, anchors: Any, old: Any, gall
                  first: bool = False) -> dict[str, tuple]:
     """Each variant's stage 2 from a copy of ``phi``, on fresh adapters (but the very first,
     which uses the adapters ``prepare`` made); each config picks its cached anchors."""
-    from training.xbt.upgrade import with_fresh_adapters
+    from training.upgrades.prepare import with_fresh_adapters
 
     routed = {}
     for k, (name, variant_cfg, timing) in enumerate(variants):
@@ -236,8 +238,9 @@ def _direct_row(p: Any, cfg: XbtConfig, old: Any, gallery: Gallery, out: Path,
                 seconds: dict[str, float]) -> dict[str, tuple]:
     """Direct at XBT's budget: as many optimizer steps as stage 1 + stage 2 ("direct"), and
     at stage 2's steps alone ("direct (short)")."""
-    from training.xbt import get_upgrade
-    from training.xbt.upgrade import with_fresh_adapters, write_upgrade
+    from training.upgrades import get_upgrade
+    from training.upgrades.artifact import write_upgrade
+    from training.upgrades.prepare import with_fresh_adapters
 
     routed = {}
     for name, budget in DIRECT_ROWS:

@@ -42,7 +42,7 @@ from training.bench.xbt import (
     validation_set,
 )
 from training.console import report_command
-from training.xbt.config import PAPER_PROMPTS
+from training.upgrades.xbt.config import PAPER_PROMPTS
 
 TEXT_LORA = r"transformer\.resblocks\.\d+\.(attn|mlp\.c_fc|mlp\.c_proj)"
 VISION_LORA = r"visual\.transformer\.resblocks\.\d+\.(attn|mlp\.c_fc|mlp\.c_proj)"
@@ -81,7 +81,7 @@ class Probe:
         import numpy as np
 
         from training.evaluate import cross_metrics
-        from training.xbt.selection import route_embeddings
+        from training.upgrades.xbt.selection import route_embeddings
 
         v = self.validation
         images, texts = route_embeddings(model, phi, v)  # [N, D_old], [M, D_old]
@@ -99,7 +99,7 @@ def stage2_run(p: Any, phi: Any, cfg: Any, anchors: Any, train_phi_norms: bool, 
     (the trained phi, the curve, seconds)."""
     from training.pairs import pair_index_batches
     from training.trainer import train
-    from training.xbt.upgrade import XbtTask, stage2_groups
+    from training.upgrades.xbt.stage2 import XbtTask, stage2_groups
 
     model = p.adapters.model
     groups = stage2_groups(p.adapters, phi, cfg, train_phi="layer_norms")
@@ -131,7 +131,8 @@ def stage2_run(p: Any, phi: Any, cfg: Any, anchors: Any, train_phi_norms: bool, 
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from training.xbt.upgrade import cache_text, prepare, pretrain_fresh, with_fresh_adapters
+    from training.upgrades.prepare import prepare, with_fresh_adapters
+    from training.upgrades.xbt.stage1 import cache_text, pretrain_fresh
 
     base, out = Path(args.base), Path(args.out)
     old, new = open_base(base, out)
@@ -151,7 +152,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     def route_cell(p: Any, phi: Any, adapters_on: bool) -> dict[str, Any]:
         from training.encoders import Encoder
-        from training.xbt.projector import ProjectorHead
+        from training.upgrades.xbt.projector import ProjectorHead
 
         head = ProjectorHead(phi)
         p.adapters.set_enabled(adapters_on)

@@ -37,8 +37,8 @@ from training.data import PairDataset
 from training.distributed import World, on_main
 from training.encoders import create_tokenizer, model_embed_dim, pick_device
 from training.errors import ConfigError
+from training.routes import artifact_spec, native_model
 from training.trainer import Progress, TrainConfig, TrainResult, seed_everything, train
-from training.versions import artifact_spec, native_model
 
 STATE = "state.safetensors"
 DOMAIN_CAPTIONS = "en"  # domain phases train on the English captions

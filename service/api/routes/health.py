@@ -1,5 +1,5 @@
-"""Liveness, readiness and metrics: open to anyone (probes carry no key); /readyz names
-galleries and versions only to a read or admin key (``usecases/health.py``)."""
+"""Liveness, readiness and metrics: open to anyone (probes carry no key); /readyz and
+/metrics name galleries and versions only to a read or admin key (``usecases/health.py``)."""
 
 from __future__ import annotations
 
@@ -33,6 +33,12 @@ async def readyz(gateway: GatewayDep, keyed: KeyedDep) -> ReadyOut:
 
 
 @router.get("/metrics", response_class=Response, responses=TEXT)
-async def metrics(gateway: GatewayDep) -> Response:
-    """Prometheus exposition format."""
-    return Response(health.metrics_text(gateway), media_type=CONTENT_TYPE)
+async def metrics(gateway: GatewayDep, keyed: KeyedDep) -> Response:
+    """Prometheus exposition format. To anyone: the process-level series, whose labels are
+    bounded and name no gallery or version (``nobackfill_requests``,
+    ``nobackfill_request_seconds``, ``nobackfill_batch_size``). With the read key or an
+    admin key (X-API-Key; give it to the scraper) also the gallery-level ones:
+    ``nobackfill_active_version{gallery,version,space}``, ``nobackfill_swaps{gallery}`` and
+    ``nobackfill_load_errors{version}``; a deleted gallery's and a retired version's series
+    are dropped."""
+    return Response(health.metrics_text(gateway, detailed=keyed), media_type=CONTENT_TYPE)

@@ -14,7 +14,10 @@ router = APIRouter(prefix=f"{API_V1}/jobs", tags=["jobs"])
 
 @router.post("", response_model=JobOut, status_code=202)
 async def create(body: JobIn, gateway: GatewayDep, admin: AdminDep) -> JobOut:
-    """Queue a job; 422 on bad parameters and 503 when the broker is down (nothing kept)."""
+    """Queue a job; 422 on bad parameters (the body's ``params`` are those of its ``kind``;
+    then what they name must exist under the allowed roots) and 503 when no worker is alive
+    or the broker is down (nothing kept)."""
+    # The parameters as the schema parsed them: the use case checks what they name.
     return JobOut.of(await jobs.submit_job(gateway, body.kind, body.gallery, body.params,
                                            body.auto_promote, admin))
 

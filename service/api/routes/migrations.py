@@ -17,7 +17,9 @@ from service.api.schemas.migrations import (
     SideOut,
     SwitchIn,
 )
-from service.usecases import jobs, migration
+from service.jobkinds.migrate import KIND as MIGRATE
+from service.jobkinds.migrate import control as migration
+from service.usecases import jobs
 
 router = APIRouter(prefix=f"{API_V1}/galleries/{{gallery}}/migration", tags=["migrations"])
 
@@ -27,8 +29,7 @@ async def start(gallery: str, body: MigrationIn, gateway: GatewayDep, admin: Adm
     """Re-embed every item with the active version natively into a new side, while
     searches go on through its route; switch when done and gated (auto_switch). 409 while
     a migration of the gallery is open or it is already in that space."""
-    params = body.model_dump(exclude_none=True)
-    return JobOut.of(await jobs.submit_job(gateway, "migrate", gallery, params, False, admin))
+    return JobOut.of(await jobs.submit_job(gateway, MIGRATE.name, gallery, body, False, admin))
 
 
 @router.get("", response_model=MigrationOut)

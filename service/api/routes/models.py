@@ -21,14 +21,17 @@ router = APIRouter(prefix=f"{API_V1}/models", tags=["models"])
 
 @router.get("", response_model=list[VersionOut])
 async def list_versions(gateway: GatewayDep, _: AdminDep) -> list[VersionOut]:
-    """Every registered version with its manifest and gate report."""
-    return [VersionOut.of(v.record, v.manifest) for v in await models.list_versions(gateway)]
+    """Every registered version with its manifest and gate reports (each with the gallery,
+    incumbent, validation set and criterion it was measured with, and whether it still
+    counts)."""
+    return [VersionOut.of(v.record, v.manifest, v.gates)
+            for v in await models.list_versions(gateway)]
 
 
 @router.get("/{version_id}", response_model=VersionOut)
 async def get_version(version_id: str, gateway: GatewayDep, _: AdminDep) -> VersionOut:
     version = await models.get_version(gateway, version_id)
-    return VersionOut.of(version.record, version.manifest)
+    return VersionOut.of(version.record, version.manifest, version.gates)
 
 
 @router.post("", response_model=VersionOut, status_code=201,
@@ -43,7 +46,7 @@ async def register(body: RegisterIn, gateway: GatewayDep, admin: AdminDep,
     version = await models.register_version(gateway, body.source, admin, body.move)
     if not version.created:
         response.status_code = 200
-    return VersionOut.of(version.record, version.manifest)
+    return VersionOut.of(version.record, version.manifest, version.gates)
 
 
 @router.delete("/{version_id}", response_model=VersionDeletedOut)
@@ -57,7 +60,9 @@ async def delete(version_id: str, gateway: GatewayDep, admin: AdminDep) -> Versi
 @router.post("/{version_id}/promote", response_model=GalleryOut)
 async def promote(version_id: str, body: PromoteIn, gateway: GatewayDep,
                   admin: AdminDep) -> GalleryOut:
-    """Make the version serve a gallery; needs a passing gate report unless forced."""
+    """Make the version serve a gallery; needs a passing gate report measured for that
+    gallery against its active version, on its current validation set, under the criterion
+    in force, unless forced (409 names the report that is missing, stale or failed)."""
     done = await models.promote(gateway, version_id, body.gallery, admin, body.force,
                                 body.reason)
     return GalleryOut.of(done.record, done.serving)

@@ -6,6 +6,19 @@ from typing import Any
 
 from pydantic import BaseModel
 
+# "force needs a reason": a rule over two fields, stated in the schema (JSON Schema if/then:
+# force true requires a reason that is not blank) and checked by ``needs_reason``.
+FORCE_NEEDS_REASON: dict[str, Any] = {
+    "if": {"properties": {"force": {"const": True}}, "required": ["force"]},
+    "then": {"properties": {"reason": {"type": "string", "pattern": r"\S"}},
+             "required": ["reason"]}}
+
+
+def needs_reason(force: bool, reason: str | None, what: str) -> None:
+    """ValueError (a 422 naming ``reason``) for ``force`` without a non-blank reason."""
+    if force and not (reason or "").strip():
+        raise ValueError(f"reason: {what} needs a reason (force=true is recorded with it)")
+
 
 def inline_schema(model: type[BaseModel]) -> dict[str, Any]:
     """The model's JSON schema with nested models inlined, for hand-written OpenAPI request

@@ -18,7 +18,8 @@ class ErrorBody(BaseModel):
 
 
 WHY: dict[int, str] = {
-    400: "The body could not be read (e.g. not UTF-8)",
+    400: "The body could not be read (e.g. not UTF-8, a multipart body without a boundary "
+         "or with a form field over 1 MiB)",
     401: "A key is missing or wrong (X-API-Key header)",
     404: "No such gallery, version, job, item or path",
     409: "Conflicts with the current state (exists already, wrong space, gate failed, "

@@ -1,14 +1,15 @@
-"""Bodies of /v1/galleries/{gallery}/migration (``service.usecases.migration``)."""
+"""Bodies of /v1/galleries/{gallery}/migration (``service.jobkinds.migrate``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
+from service.api.schemas import FORCE_NEEDS_REASON, needs_reason
 from service.api.schemas.galleries import ItemId
-from service.state.jobs.specs import MigrateParams
-from service.usecases.migration import MigrationView
+from service.jobkinds.migrate.control import MigrationView
+from service.jobkinds.migrate.params import MigrateParams
 
 
 class MigrationIn(MigrateParams):
@@ -16,13 +17,21 @@ class MigrationIn(MigrateParams):
 
 
 class SwitchIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """``force: true`` needs a non-blank ``reason`` (stated as the schema's if/then)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra=FORCE_NEEDS_REASON)
 
     drop: list[ItemId] = Field(default_factory=list, max_length=100_000, description=(
         "items without a new vector (unreadable sources) to delete from both sides so the "
         "switch can go on; it must list every such item"))
-    force: bool = Field(False, description="switch although the gate did not pass")
+    force: StrictBool = Field(False, description="switch although the gate did not pass "
+                              "(needs a reason)")
     reason: str | None = Field(None, max_length=1000, description="recorded; needed with force")
+
+    @model_validator(mode="after")
+    def _reason_when_forced(self) -> SwitchIn:
+        needs_reason(self.force, self.reason, "a forced switch")
+        return self
 
 
 class ReasonIn(BaseModel):

@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     Json,
@@ -56,14 +58,24 @@ class SearchRequest(BaseModel):
     filter: Where | None = None
 
 
+def digits(value: Any) -> Any:
+    """A form field's text as an integer when it is plain ASCII digits, so that "5.0",
+    " 5 ", "+5" or "5_0" stay text and the strict integer refuses them (a number of more
+    than 12 digits is over any bound: it is not converted whole)."""
+    if isinstance(value, str) and re.fullmatch(r"[0-9]+", value):
+        return int(value) if len(value) <= 12 else 10**12
+    return value
+
+
 class SearchForm(BaseModel):
     """The non-file fields of a multipart search (the image is the ``image`` file part);
-    every field arrives as text, so top_k is parsed from its digits."""
+    every field arrives as text, so top_k is read from its digits, and only from digits:
+    as strict as the JSON route."""
 
     model_config = ConfigDict(extra="forbid")
 
     text: Text | None = None
-    top_k: TopK = 10
+    top_k: Annotated[TopK, Strict(), BeforeValidator(digits)] = 10
     kind: Kind = "image"
     filter: Json[Where | None] | None = Field(None, description="payload filter, JSON text")
 

@@ -1,6 +1,6 @@
 """Galleries in Qdrant: one collection per gallery behind an alias named after it.
 
-Importable without FastAPI (the worker writes through the same code).
+Importable without FastAPI. What writes vectors into them is ``service.vectors``.
 """
 
 from service.state.gallery.client import open_qdrant

@@ -14,7 +14,7 @@ and resumes from that checkpoint (``running -> queued``, its ``attempts`` counte
 
 Jobs whose results the gateway writes into a gallery (``ingest``, ``migrate``) go
 ``running -> applying`` when their workers are done; the gateway finishes them once it has
-applied their spool (``service.state.gallery.spool``). A ``migrate`` job runs as shards
+applied their spool (``service.vectors.spool``). A ``migrate`` job runs as shards
 (``Job.shards``), each its own task: a shard whose worker dies is queued again
 (:meth:`JobStore.reap_shards`) and resumes where it stopped.
 """

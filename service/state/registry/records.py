@@ -16,12 +16,19 @@ class VersionRecord:
     path: str  # relative to the registry root
     registered_at: str
     registered_by: str
-    # The compatibility gate report, {"passed": bool, ...}: only ever one the service ran (a
-    # job's gate); a report that came with the artifact or the request is never trusted.
-    gate: dict[str, Any] | None = None
+    # Every compatibility gate report, {"passed": bool, ...}, oldest first: only ever ones
+    # the service ran (a job's gate); a report that came with the artifact or the request
+    # is never trusted. Each is bound to the gallery, incumbent, validation set and
+    # criterion it was measured with (``gates.Binding``) and counts only there.
+    gates: tuple[dict[str, Any], ...] = ()
     # Forced promotions of this version that skipped a check: {"gallery", "by", "at",
     # "reason", "overrides"}, so the version shows how it got past the gate.
     forced: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def gate(self) -> dict[str, Any] | None:
+        """The newest report, whatever gallery it was measured for."""
+        return self.gates[-1] if self.gates else None
 
     @property
     def gate_passed(self) -> bool:
@@ -29,8 +36,10 @@ class VersionRecord:
 
     @property
     def gate_status(self) -> str:
-        """passed | forced | failed | none: "forced" when it never passed the gate but an
-        operator promoted it past the gate anyway (who and when are in ``forced``)."""
+        """passed | forced | failed | none, of the newest report: "forced" when it never
+        passed the gate but an operator promoted it past the gate anyway (who and when are
+        in ``forced``). Whether a report still lets the version into a gallery is per
+        gallery and read-time (``gates.standings``); a promotion never asks this."""
         if self.gate_passed:
             return "passed"
         if any("gate" in f.get("overrides", ()) for f in self.forced):
@@ -38,12 +47,18 @@ class VersionRecord:
         return "none" if self.gate is None else "failed"
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "routes": list(self.routes), "forced": list(self.forced)}
+        return {**asdict(self), "routes": list(self.routes), "forced": list(self.forced),
+                "gates": list(self.gates)}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> VersionRecord:
+        """Records written before reports were kept per gallery hold one ``gate``: it is
+        read as the only report, unbound (it names no gallery, so it authorises nothing)."""
+        data = dict(data)
+        legacy = data.pop("gate", None)
+        gates = data.get("gates", [legacy] if isinstance(legacy, dict) else [])
         return cls(**{**data, "routes": tuple(data.get("routes", ())),
-                      "forced": tuple(data.get("forced", ()))})
+                      "forced": tuple(data.get("forced", ())), "gates": tuple(gates)})
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,14 @@
 """The registry: registered model versions and, per gallery, its space, active version and
 the history of promotions and rollbacks. Every change is one locked, atomic index update.
 
-Promotion is gated: the version's stored gate report must pass, and the version must
-have a route into the gallery's space, unless ``force`` is given with a reason (both
-recorded, in the gallery's history and on the version). A stored gate report is always
-one the service ran (a job's gate, passed in as ``gate`` by the worker): a report inside
-a registered artifact's manifest is dropped, never trusted. Rollback re-activates any
-version that was active for that gallery before.
+Promotion is gated: the version's newest *current* gate report for that gallery must
+pass (measured against the gallery's active version, on its validation set as it is now,
+under the criterion in force: ``gates.py``), and the version must have a route into the
+gallery's space, unless ``force`` is given with a reason (both recorded, in the gallery's
+history and on the version). A stored gate report is always one the service ran (a
+job's gate, passed in as ``gate`` by the worker): a report inside a registered
+artifact's manifest is dropped, never trusted. Every report is kept. Rollback
+re-activates any version that was active for that gallery before.
 
 Deleting: a version is retired unless it serves a gallery or is the parent of one that
 does (index entry first, then its directory). A gallery is deleted in steps
@@ -18,6 +20,7 @@ interrupted delete is finished by repeating it.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -25,7 +28,7 @@ import shutil
 import uuid
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from service.state.errors import (
     AlreadyExists,
@@ -38,10 +41,14 @@ from service.state.errors import (
     VersionNotFound,
     shown,
 )
-from service.state.registry import staging
+from service.state.registry import gates, staging
+from service.state.registry.gates import GatePolicy, Standing
 from service.state.registry.index import IndexFile, utc_now
 from service.state.registry.records import Event, GalleryRecord, Migration, Side, VersionRecord
 from training.artifacts import MANIFEST, Artifact
+
+if TYPE_CHECKING:
+    from service.state.config import Settings
 
 GALLERY_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 VERSIONS = "versions"
@@ -49,9 +56,18 @@ DELETING = "deleting"  # index key: galleries whose deletion started and has not
 
 
 class Registry:
-    def __init__(self, root: str | Path, lock_timeout_s: float = 60.0) -> None:
+    def __init__(self, root: str | Path, lock_timeout_s: float = 60.0,
+                 gate_policy: GatePolicy | None = None) -> None:
         self.root = Path(root)
         self.index = IndexFile(self.root, lock_timeout_s)
+        # The criterion in force that a promotion's gate report must have been measured
+        # under; None: the settings' defaults (processes that promote pass their own).
+        self.gate_policy = gate_policy or GatePolicy.default()
+
+    @classmethod
+    def of(cls, settings: Settings) -> Registry:
+        """The registry of a process, checking gates under its settings' criterion."""
+        return cls(settings.registry_dir, gate_policy=GatePolicy.of(settings))
 
     # ------------------------------------------------------------ reading
     def revision(self) -> int:
@@ -89,6 +105,14 @@ class Registry:
     def gallery(self, name: str) -> GalleryRecord:
         return _gallery(self.index.read(), name)
 
+    def gate_standings(self, versions: list[VersionRecord]) -> dict[str, tuple[Standing, ...]]:
+        """Each version's reports with whether each still counts for its gallery, from one
+        read of the galleries (each validation set is digested once)."""
+        galleries = _galleries(self.index.read())
+        digest = functools.cache(gates.validation_digest)
+        return {v.version_id: gates.standings(v.gates, galleries, digest, self.gate_policy)
+                for v in versions}
+
     def default_version(self, space: str) -> VersionRecord:
         """The newest registered version native to ``space``."""
         return _newest_native(self.index.read(), space)
@@ -110,11 +134,12 @@ class Registry:
         """Verify the artifact at ``source``, copy (or move) it in, and index it; (record,
         True) when it is new.
 
-        ``gate`` is the report of a gate the service ran (the worker's admission); any
-        ``gate`` in the artifact's manifest is dropped from the stored copy, so a version
-        registered from outside has no gate until an ``evaluate`` job runs one. Registering
-        the same artifact twice returns the existing record (and False); a different
-        artifact under an id that is taken is refused.
+        ``gate`` is the report of a gate the service ran (the worker's admission, bound to
+        where it was measured); any ``gate`` or ``gates`` in the artifact's manifest is
+        dropped from the stored copy, so a version registered from outside has no gate
+        until an ``evaluate`` job runs one. Registering the same artifact twice returns
+        the existing record (and False); a different artifact under an id that is taken
+        is refused.
         """
         artifact = staging.verified(Path(source))
         _check_gate_report(gate)
@@ -124,11 +149,12 @@ class Registry:
         record = VersionRecord(
             version_id=artifact.version_id, space=artifact.space,
             routes=tuple(sorted(artifact.routes)), path=f"{VERSIONS}/{artifact.version_id}",
-            registered_at=utc_now(), registered_by=by, gate=gate)
+            registered_at=utc_now(), registered_by=by, gates=(gate,) if gate else ())
         staged = staging.stage(Path(source), self.root / VERSIONS, move)
         final = self.root / record.path
         try:
             staging.set_manifest_field(staged, "gate", gate)  # the stored copy: ours only
+            staging.set_manifest_field(staged, "gates", [gate] if gate else None)
         except BaseException:
             staging.give_back(staged, Path(source))
             shutil.rmtree(staged, ignore_errors=True)
@@ -233,14 +259,17 @@ class Registry:
         """The last step of deleting a gallery (its collection and thumbnails are gone)."""
         self.index.update(lambda index: index.get(DELETING, {}).pop(name, None))
 
-    def set_gate(self, version_id: str, report: dict[str, Any]) -> VersionRecord:
-        """Store a (new) gate report of a registered version: in the index, and in the
-        manifest of its artifact (rewritten atomically; the manifest is not checksummed)."""
+    def add_gate(self, version_id: str, report: dict[str, Any]) -> VersionRecord:
+        """Keep a new gate report of a registered version after the earlier ones: in the
+        index, and in the manifest of its artifact (``gate``: the newest, ``gates``: all;
+        rewritten atomically; the manifest is not checksummed)."""
         _check_gate_report(report)
 
         def change(index: dict[str, Any]) -> VersionRecord:
-            record = replace(_version(index, version_id), gate=report)
+            old = _version(index, version_id)
+            record = replace(old, gates=(*old.gates, report))
             staging.write_manifest_field(self.root / record.path, "gate", report)
+            staging.write_manifest_field(self.root / record.path, "gates", list(record.gates))
             index["versions"][version_id] = record.to_json()
             return record
         return self.index.update(change)
@@ -250,15 +279,18 @@ class Registry:
         reason = (reason or "").strip() or None
         if force and reason is None:
             raise InvalidInput("a forced promotion needs a reason (it is recorded)")
+        # Only read when the candidate has a report for this gallery (under the lock).
+        digest = functools.cache(gates.validation_digest)
 
         def change(index: dict[str, Any]) -> GalleryRecord:
             record, candidate = _gallery(index, gallery), _version(index, version)
             if record.active == version:
                 return record  # idempotent: promoting the active version changes nothing
             _serves_every_side(record, candidate)
-            overrides = _failed_checks(record, candidate)
+            refused = gates.refusal(version, candidate.gates, record, digest, self.gate_policy)
+            overrides = _failed_checks(record, candidate, refused)
             if overrides and not force:
-                raise _refusal(overrides[0], record, candidate)
+                raise _refusal(overrides[0], record, candidate, refused)
             event = Event("promote", version, record.active, by, utc_now(), reason,
                           bool(overrides), tuple(overrides))
             if overrides:
@@ -453,17 +485,18 @@ def _serves_every_side(record: GalleryRecord, candidate: VersionRecord) -> None:
                        f"the migration first")
 
 
-def _failed_checks(gallery: GalleryRecord, candidate: VersionRecord) -> list[str]:
-    failed = [] if candidate.gate_passed else ["gate"]
+def _failed_checks(gallery: GalleryRecord, candidate: VersionRecord,
+                   gate_refused: str | None) -> list[str]:
+    failed = [] if gate_refused is None else ["gate"]
     return failed + ([] if gallery.space in candidate.routes else ["space"])
 
 
-def _refusal(check: str, gallery: GalleryRecord, candidate: VersionRecord) -> Exception:
+def _refusal(check: str, gallery: GalleryRecord, candidate: VersionRecord,
+             gate_refused: str | None) -> Exception:
     if check == "space":
         return SpaceMismatch(_no_route(candidate, gallery.space))
-    what = "no gate report" if candidate.gate is None else "a gate report that did not pass"
-    return GateFailed(f"version '{candidate.version_id}' has {what}; promote it with "
-                      f"force=true and a reason to override")
+    return GateFailed(f"{gate_refused}; run an evaluate job of it for gallery "
+                      f"'{gallery.name}', or promote it with force=true and a reason")
 
 
 def _no_route(version: VersionRecord, space: str) -> str:

@@ -4,7 +4,7 @@
 // the API key the person typed (kept in sessionStorage, so it goes away with the tab).
 
 import {
-  ago, el, fmt, forcedList, galleriesTable, gateBadge, gateOf, gateReport, isActive,
+  ago, el, fmt, forcedList, galleriesTable, gateBadge, gateOf, gateReport, gateReports, isActive,
   lineageTree, migrationPanel, progressOf, statusBadge, versionFacts, versionGateBadge,
 } from "./views.js";
 
@@ -128,18 +128,41 @@ function refreshAll() {
   showTab(state.tab);
 }
 
-/** Galleries for the pickers (admin only; a reader types the name instead). */
+/** Galleries for the pickers: the admin list, or for a read key the names /readyz gives
+ * it. Without a key the page learns none (names are not public): the person types one. */
 async function loadGalleries() {
   if (!apiKey()) return;
+  let options;
   try {
     state.galleries = await api("/v1/galleries");
+    options = state.galleries.map((g) => [g.name,
+      `${g.name} (space ${g.space}, active ${g.active})`]);
   } catch {
-    return;  // a read key cannot list galleries: the text box still works
+    try {  // a read key cannot list galleries, but readiness names them to any key
+      const ready = await api("/readyz");
+      options = Object.entries(ready?.galleries ?? {}).map(([name, version]) =>
+        [name, `${name} (served by ${version})`]);
+    } catch {
+      return;  // the text box still works
+    }
   }
-  $("gallery-options").replaceChildren(...state.galleries.map((g) =>
-    el("option", {value: g.name}, `${g.name} (space ${g.space}, active ${g.active})`)));
-  const input = $("gallery");
-  if (!input.value && state.galleries.length) input.value = state.galleries[0].name;
+  $("gallery-options").replaceChildren(...options.map(([name, label]) =>
+    el("option", {value: name}, label)));
+  const names = options.map(([name]) => name);
+  preselectGallery($("gallery"), names);
+  preselectGallery($("job-form").elements.gallery, names);
+}
+
+/** Put the first known gallery into an empty picker, or into one holding a name the page
+ * remembered that no longer exists; never over a name the person typed. */
+function preselectGallery(input, names) {
+  if (!names.length || names.includes(input.value)) return;
+  if (!input.value || !input.dataset.typed) input.value = names[0];
+}
+
+/** Mark a picker as typed into by the person (preselection then leaves it alone). */
+function trackTyping(input) {
+  input.addEventListener("input", () => { input.dataset.typed = "1"; });
 }
 
 // ------------------------------------------------------------------ search
@@ -147,6 +170,7 @@ async function loadGalleries() {
 function setupSearch() {
   const input = $("gallery");
   input.value = localStorage.getItem(GALLERY_STORE) || "";
+  trackTyping(input);
   $("search-form").addEventListener("submit", (event) => {
     event.preventDefault();
     runSearch();
@@ -430,6 +454,7 @@ function versionDetail(version) {
     swapForm(id),
     el("h3", {}, "Gate report"),
     forcedList(version),
+    gateReports(version),
     gateReport(gateOf(version)));
 }
 
@@ -484,12 +509,13 @@ function setupJobs() {
   const sync = () => {
     const kind = form.elements["job-kind"].value;
     for (const part of form.querySelectorAll("[data-kind]")) {
-      part.hidden = part.dataset.kind !== kind;
+      part.hidden = !part.dataset.kind.split(" ").includes(kind);  // the kinds it belongs to
     }
     const from = form.elements.new_from.value;
     for (const part of form.querySelectorAll("[data-new]")) part.hidden = part.dataset.new !== from;
   };
   form.addEventListener("change", sync);
+  trackTyping(form.elements.gallery);
   form.addEventListener("submit", (event) => {
     event.preventDefault();
     startJob(form);
@@ -504,7 +530,23 @@ const optionalInt = (form, name) => {
   return Number.isFinite(n) ? n : undefined;
 };
 
-/** The POST /v1/jobs body of the form; empty optional numbers are left to the server. */
+/** The new model of an upgrade (xbt, adapter): a version, an arch + tag, or a config. */
+function newModel(form) {
+  const from = form.elements.new_from.value;
+  return from === "version" ? {version: field(form, "new_version")}
+    : from === "arch" ? {arch: field(form, "arch"), pretrained: field(form, "pretrained")}
+      : {model_config: field(form, "model_config")};
+}
+
+/** A method's config fields from the form (``{name: value}``), or undefined when none is
+ * set, so the server's defaults apply. */
+function config(fields) {
+  const set = Object.entries(fields).filter(([, v]) => v !== undefined);
+  return set.length ? Object.fromEntries(set) : undefined;
+}
+
+/** The POST /v1/jobs body of the form (``params`` as each kind's Params class takes
+ * them, ``service/jobkinds/``); empty optional fields are left to the server. */
 function jobBody(form) {
   const kind = form.elements["job-kind"].value;
   let params;
@@ -512,16 +554,21 @@ function jobBody(form) {
     params = {method: field(form, "method"), data: field(form, "data"),
       domain: field(form, "domain") ?? null, language: field(form, "language") ?? null,
       steps: optionalInt(form, "steps"), batch_size: optionalInt(form, "batch_size")};
+  } else if (kind === "xbt") {  // the step counts are XbtConfig fields: stage 1 and stage 2
+    params = {new: newModel(form), corpus: field(form, "corpus"), pairs: field(form, "pairs"),
+      config: config({pretrain_steps: optionalInt(form, "xbt_pretrain_steps"),
+        steps: optionalInt(form, "xbt_steps")})};
+  } else if (kind === "adapter") {
+    params = {new: newModel(form), sample: optionalInt(form, "sample"),
+      config: {method: field(form, "adapter_method")}};
+  } else if (kind === "evaluate") {
+    params = {version: field(form, "eval_version")};
   } else {
-    const from = form.elements.new_from.value;
-    const model = from === "version" ? {version: field(form, "new_version")}
-      : from === "arch" ? {arch: field(form, "arch"), pretrained: field(form, "pretrained")}
-        : {model_config: field(form, "model_config")};
-    params = {new: model, corpus: field(form, "corpus"), pairs: field(form, "pairs"),
-      steps: optionalInt(form, "xbt_steps")};
+    params = {manifest: field(form, "manifest"),
+      kinds: form.elements.ingest_kinds.value.split(" ")};
   }
   return {kind, gallery: field(form, "gallery") ?? "",
-    auto_promote: form.elements.auto_promote.checked,
+    auto_promote: kind !== "ingest" && form.elements.auto_promote.checked,
     params: JSON.parse(JSON.stringify(params))};  // drops the undefined fields
 }
 

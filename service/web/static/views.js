@@ -60,8 +60,9 @@ export function gateBadge(gate) {
   return gate.passed ? badge("gate passed", "ok") : badge("gate failed", "bad");
 }
 
-/** A version's gate report: the record's only. The service runs every gate it records; a
- * report in an artifact's manifest was never checked, so it is not shown as a verdict. */
+/** A version's newest gate report (every report, per gallery: ``gateReports``). The
+ * service runs every gate it records; a report in an artifact's manifest was never
+ * checked, so it is not shown as a verdict. */
 export function gateOf(version) {
   return version?.gate ?? null;
 }
@@ -70,6 +71,35 @@ export function gateOf(version) {
 export function versionGateBadge(version) {
   if (version?.gate_status === "forced") return badge("gate forced", "forced");
   return gateBadge(gateOf(version));
+}
+
+/** Every gate report of a version, newest first: the gallery it was measured for, the
+ * incumbent it was compared with, the validation set (its content digest) and criterion,
+ * the verdict, and whether it still counts. A report goes stale when its gallery's
+ * incumbent, validation set or criterion changes; only a current, passing report for
+ * that gallery lets the version in without force. */
+export function gateReports(version) {
+  const gates = Array.isArray(version?.gates) ? version.gates.filter(isObject) : [];
+  if (!gates.length) return null;
+  const rows = gates.slice().reverse().map((g) => el("tr", {"data-gallery": g.gallery ?? ""},
+    el("td", {}, g.gallery ?? "–"),
+    el("td", {}, g.incumbent ?? "–"),
+    el("td", {class: "small", title: g.validation ?? ""}, digestText(g.validation_digest)),
+    el("td", {class: "small"}, isObject(g.criterion) ? Object.entries(g.criterion)
+      .map(([k, v]) => `${k} ${fmt(v)}`).join(", ") : "–"),
+    el("td", {}, gateBadge(g)),
+    el("td", {class: "standing"}, g.current ? badge("current", "ok") : [badge("stale", "none"),
+      el("div", {class: "small muted"}, (Array.isArray(g.stale) ? g.stale : []).join("; "))]),
+    el("td", {class: "small"}, ago(g.measured_at))));
+  return el("table", {class: "data gates"},
+    el("thead", {}, el("tr", {}, ["gallery", "against", "validation set", "criterion",
+      "verdict", "counts now", "measured"].map((h) => el("th", {}, h)))),
+    el("tbody", {}, rows));
+}
+
+function digestText(digest) {
+  if (typeof digest !== "string") return "no validation set";
+  return digest.startsWith("sha256:") ? `${digest.slice(0, 19)}…` : digest;
 }
 
 /** Who forced the version past a check, when, into which gallery, and why. */

@@ -1,0 +1,123 @@
+"""The ``adapter`` job: a route from a new model into the gallery's space, fitted on a sample
+of the gallery (the OLD vectors it stores, read from the snapshot the gateway wrote at
+submission) and the NEW model's embeddings of the same items' sources (images from the
+payload's ``source`` path, texts from its ``caption``); gated and registered."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from service.jobkinds.admission import admit
+from service.jobkinds.base import JobKind, Params, RunContext, check_dataset
+from service.jobkinds.model_ref import ModelRef, new_model
+from service.state.errors import InvalidInput
+from service.state.gallery.sample import read_sample, take_sample, write_sample
+from service.state.gallery.store import GalleryStore
+from service.state.paths import Roots
+from service.state.registry import Registry
+from training.errors import NobackfillError
+
+
+class AdapterParams(Params):
+    """An adapter route fitted on a sample of the gallery (``training.adapters``)."""
+
+    new: ModelRef
+    sample: int = Field(10_000, ge=2, le=1_000_000,
+                        description="gallery items to fit on (their stored OLD vectors, and "
+                                    "their sources embedded by the new model)")
+    seed: int = Field(0, description="which items the sample draws")
+    config: dict[str, Any] = Field(default_factory=dict,
+                                   description="AdapterFitConfig fields: method, slerp_t, ...")
+    version_id: str | None = None
+    validation: str | None = None
+
+    def check(self, registry: Registry, roots: Roots) -> None:
+        check_dataset(roots, self.validation, "validation")
+        self.new.check(registry, roots, "adapter")
+        try:
+            self.fit_config()
+        except NobackfillError as exc:
+            raise InvalidInput(f"adapter job: config: {exc}") from exc
+
+    def fit_config(self) -> Any:
+        from training.upgrades.adapter import AdapterFitConfig
+
+        return AdapterFitConfig.from_dict(self.config)
+
+    def snapshot(self, store: GalleryStore, gallery: str, work: Path) -> None:
+        """The sample, taken by the process that owns the gallery store, beside the job."""
+        sample = take_sample(store, gallery, self.sample, self.seed)
+        if len(sample["ids"]) < 2:
+            raise InvalidInput(f"adapter job: gallery '{gallery}' holds {len(sample['ids'])} "
+                               f"item(s); an adapter is fitted on at least 2")
+        write_sample(sample, work)
+
+
+def run(ctx: RunContext) -> dict[str, Any]:
+    from training.upgrades.adapter.fit import fit_adapter
+
+    p: AdapterParams = ctx.params
+    registry = Registry(ctx.settings.registry_dir)
+    gallery = registry.gallery(ctx.job.gallery)
+    cfg = p.fit_config()
+    ctx.heartbeat.progress = {"stage": "read sample"}
+    roots = Roots.of(ctx.settings)
+    sample, skipped = sources_of(read_sample(ctx.store.work_dir(ctx.job.id)),
+                                 lambda path: roots.contains(os.path.realpath(path)))
+    ctx.heartbeat.check()
+    candidate = fit_adapter(new_model(p.new, registry), sample, cfg, gallery.space, ctx.out,
+                            old=registry.artifact(gallery.active), version_id=p.version_id,
+                            device=ctx.settings.device, on_stage=_stage(ctx))
+    outcome = admit(ctx, candidate)
+    return {**outcome, "result": {"pairs": sample.counts(), "skipped": skipped}}
+
+
+def _stage(ctx: RunContext) -> Any:
+    def on_stage(stage: str) -> None:
+        ctx.heartbeat.progress = {"stage": stage}
+        ctx.heartbeat.check()
+    return on_stage
+
+
+def sources_of(snapshot: dict[str, Any], allowed: Callable[[str], bool],
+               ) -> tuple[Any, dict[str, list[str]]]:
+    """The fit's ``Sample`` from a gallery snapshot: an image pair where the item stores an
+    image vector and its ``source`` opens under the allowed roots; a text pair where it
+    stores a text vector and has a ``caption``. Items without a usable source are listed
+    by id (the job record shows them), not fatal."""
+    from PIL import Image
+
+    from training.upgrades.adapter.fit import Sample
+
+    ids, payloads = snapshot["ids"], snapshot["payloads"]
+    sample, skipped = Sample(source=f"gallery sample of {len(ids)} items"), {"image": [],
+                                                                              "text": []}
+    image_rows, text_rows = [], []
+    for row, n in enumerate(snapshot["image_rows"].tolist()):
+        source = payloads[n].get("source")
+        try:
+            if not isinstance(source, str) or not allowed(source):
+                raise ValueError(f"source {source!r} is not a path under the allowed roots")
+            with Image.open(Path(source)) as im:
+                sample.images.append(im.convert("RGB"))
+            image_rows.append(row)
+        except (OSError, ValueError, TypeError):
+            skipped["image"].append(ids[n])
+    for row, n in enumerate(snapshot["text_rows"].tolist()):
+        caption = payloads[n].get("caption")
+        if isinstance(caption, str) and caption.strip():
+            sample.texts.append(caption)
+            text_rows.append(row)
+        else:
+            skipped["text"].append(ids[n])
+    sample.image_old = snapshot["image"][image_rows] if image_rows else sample.image_old
+    sample.text_old = snapshot["text"][text_rows] if text_rows else sample.text_old
+    return sample, skipped
+
+
+KIND = JobKind("adapter", AdapterParams, run)

@@ -1,0 +1,135 @@
+"""A ``migrate`` job's shards (``control.prepare`` plans them).
+
+``backfill``: re-embed a range of the gallery's items from their origins with the target
+version natively (``service.vectors.backfill``), into the job's spool (the gateway writes
+them into the target side). The shard's cursor is saved after each batch, so a shard
+whose worker was killed resumes at the first batch it had not spooled (a batch spooled
+twice is the same upsert).
+
+``gate``: on the gallery's validation set, the target version natively (new->new) against
+its route into the source space (new->old, what serves during the backfill).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from service.jobkinds.base import RunContext
+from service.jobkinds.migrate.params import MigrateParams
+from service.state.jobs.shards import read_cursor, read_items, write_cursor
+from service.state.paths import Roots
+from service.state.registry import Registry
+from service.state.thumbnails import ThumbnailStore
+from service.vectors.backfill import OriginReader, backfill_shard, read_ahead
+from service.vectors.sources import SourceStore
+from service.vectors.spool import SpooledWriter
+
+DIRECTIONS = ("t2i", "i2t")
+
+
+def run(ctx: RunContext) -> dict[str, Any]:
+    assert ctx.shard is not None, "a migrate job runs as shards"
+    task = ctx.job.shards[ctx.shard].get("task", "backfill")
+    if task == "gate":
+        return {"gate": run_gate(ctx)}
+    return run_backfill(ctx)
+
+
+class RateLimit:
+    """At most ``rate`` items/s on average (0: no limit)."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate, self.start, self.count = rate, time.monotonic(), 0
+
+    def wait(self, items: int) -> None:
+        self.count += items
+        if self.rate > 0:
+            ahead = self.count / self.rate - (time.monotonic() - self.start)
+            if ahead > 0:
+                time.sleep(ahead)
+
+
+def run_backfill(ctx: RunContext) -> dict[str, Any]:
+    from training.versions import load_encoder
+
+    assert ctx.shard is not None  # a shard's heartbeat (advance)
+    shard, heartbeat = ctx.shard, ctx.heartbeat
+    p: MigrateParams = ctx.params
+    work = ctx.store.work_dir(ctx.job.id)
+    items = read_items(work, ctx.shard)
+    cursor = read_cursor(work, ctx.shard)
+    registry = Registry(ctx.settings.registry_dir)
+    migration = registry.gallery(ctx.job.gallery).migration
+    if migration is None or migration.job != ctx.job.id:
+        raise RuntimeError(f"gallery '{ctx.job.gallery}' has no migration of job {ctx.job.id}")
+    space, version = migration.target.space, migration.version
+    encoder = load_encoder(registry.artifact(version), space, ctx.settings.device)
+    rate = p.rate_limit if p.rate_limit is not None else ctx.settings.migration_rate_limit
+    running = sum(1 for s in ctx.job.shards if s.get("task", "backfill") == "backfill")
+    limit = RateLimit(rate / max(running, 1))
+    reader = OriginReader(SourceStore.of(ctx.settings), Roots.of(ctx.settings),
+                          encoder.image_tensors)
+    writer = SpooledWriter(work, ThumbnailStore.of(ctx.settings), ctx.job.gallery,
+                           f"{shard:04d}-", cursor)
+    start = time.monotonic()
+    heartbeat.advance(cursor, {"stage": "backfill"})
+
+    def advanced(position: int, batch: int) -> None:
+        write_cursor(work, shard, position)
+        elapsed = time.monotonic() - start
+        heartbeat.advance(position, {"stage": "backfill", "items_per_s": round(
+            (position - cursor) / max(elapsed, 1e-9), 2)})
+        limit.wait(batch)
+
+    backfill_shard(encoder, reader, items, cursor, p.batch_size,
+                   read_ahead(ctx.settings.migration_read_ahead, encoder.device), version,
+                   space, writer, advanced)
+    return {}
+
+
+def run_gate(ctx: RunContext) -> dict[str, Any]:
+    """new->new against new->old (the route that serves now) on the validation set: passed
+    when the migrated side is at least as good at R@1 in both directions."""
+    from training.compatibility import compatibility_of_artifacts
+
+    p: MigrateParams = ctx.params
+    registry = Registry(ctx.settings.registry_dir)
+    gallery = registry.gallery(ctx.job.gallery)
+    m = gallery.migration
+    if m is None or m.job != ctx.job.id:
+        raise RuntimeError(f"gallery '{ctx.job.gallery}' has no migration of job {ctx.job.id}")
+    validation = p.validation or gallery.validation
+    if validation is None:
+        return {"passed": False, "reason": f"gallery '{gallery.name}' has no validation set; "
+                "switch with force=true and a reason to override"}
+    ctx.heartbeat.progress = {"stage": "gate"}
+    target = registry.artifact(m.version)
+    old = registry.artifact(_gallery_version(registry, ctx.job.result.get("embedded_by") or {},
+                                             gallery.history, m.source.space))
+    dataset = ctx.open_dataset(validation, "validation")
+    cells = compatibility_of_artifacts([old, target], dataset)["cells"]
+    routed, migrated = cells[target.version_id][old.version_id], cells[target.version_id][
+        target.version_id]
+    checks = [{"direction": d, "migrated": migrated[d]["R@1"], "routed": routed[d]["R@1"],
+               "passed": migrated[d]["R@1"] >= routed[d]["R@1"] - 1e-12} for d in DIRECTIONS]
+    return {"passed": all(c["passed"] for c in checks), "checks": checks, "metric": "R@1",
+            "version": m.version, "old_gallery_version": old.version_id,
+            "validation": validation, "validation_items": len(dataset)}
+
+
+def _gallery_version(registry: Registry, embedded_by: dict[str, int], history: Any,
+                     space: str) -> str:
+    """The version that embedded most of the source side's items (counted when the items
+    were listed) if it is still registered and native to that space; else the latest of
+    the gallery's history native to it (else the newest registered one native to it)."""
+    versions = {v.version_id: v for v in registry.versions()}  # retired ones are absent
+    for version in embedded_by:  # most items first
+        found = versions.get(version)
+        if found is not None and found.space == space:
+            return version
+    for event in reversed(history):
+        found = versions.get(event.version)
+        if found is not None and found.space == space:
+            return found.version_id
+    return registry.default_version(space).version_id

@@ -1,0 +1,149 @@
+"""The web page's job form sends what the API takes: every body its form builder
+(``jobBody`` in ``service/web/static/app.js``, run here in node) makes, for every kind the
+form offers and every choice of its selects, validates against the job union of the
+OpenAPI document (each kind's parameters, ``service.jobkinds``) and against the model
+behind it. (The page once sent ``params.steps`` to an ``xbt`` job; nothing caught it.)"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+STATIC = Path(__file__).resolve().parents[1] / "service" / "web" / "static"
+# The form builder and the helpers it calls: from the first helper to the function after it.
+BUILDER_FROM, BUILDER_TO = "const field = (form, name)", "async function startJob("
+
+pytestmark = pytest.mark.skipif(shutil.which("node") is None, reason="needs node")
+
+
+class FormFields(HTMLParser):
+    """The job form's fields: kinds (radios), selects and their options, other inputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inside = False
+        self.kinds: list[str] = []
+        self.selects: dict[str, list[str]] = {}
+        self.inputs: dict[str, dict[str, str]] = {}  # name -> attributes
+        self._select: str | None = None
+        self._option: dict[str, str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = {k: v or "" for k, v in attrs}
+        if tag == "form" and a.get("id") == "job-form":
+            self.inside = True
+        if not self.inside:
+            return
+        if tag == "input" and a.get("name") == "job-kind":
+            self.kinds.append(a["value"])
+        elif tag == "input" and a.get("name"):
+            self.inputs[a["name"]] = a
+        elif tag == "select":
+            self._select = a["name"]
+            self.selects[self._select] = []
+        elif tag == "option" and self._select is not None:
+            self._option = a
+
+    def handle_data(self, data: str) -> None:
+        if self._option is not None and self._select is not None:
+            self.selects[self._select].append(self._option.get("value") or data.strip())
+            self._option = None
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "select":
+            self._select = None
+        elif tag == "form":
+            self.inside = False
+
+
+def form_fields() -> FormFields:
+    fields = FormFields()
+    fields.feed((STATIC / "index.html").read_text())
+    assert fields.kinds and fields.selects, "index.html has no job form"
+    return fields
+
+
+def filled(fields: FormFields, kind: str, choice: dict[str, str], numbers: bool,
+           promote: bool) -> dict[str, Any]:
+    """The form's elements (name -> {value, checked}) as a user fills them in."""
+    elements: dict[str, Any] = {"job-kind": {"value": kind}}
+    for name, options in fields.selects.items():
+        elements[name] = {"value": choice.get(name, options[0])}
+    for name, attrs in fields.inputs.items():
+        if attrs.get("type") == "checkbox":
+            elements[name] = {"value": "on", "checked": promote}
+        elif attrs.get("type") == "number":
+            elements[name] = {"value": str(max(int(attrs.get("min") or 1), 2)) if numbers
+                              else ""}
+        else:
+            elements[name] = {"value": attrs.get("value") or f"{name}-1"}
+    return elements
+
+
+def forms(fields: FormFields) -> list[dict[str, Any]]:
+    """Every kind, with each option of each select (the others at their first), numbers
+    set or left empty, promote on or off."""
+    choices = [{}] + [{name: option} for name, options in fields.selects.items()
+                      for option in options[1:]]
+    return [filled(fields, kind, choice, numbers, promote) for kind in fields.kinds
+            for choice in choices for numbers in (True, False) for promote in (True, False)]
+
+
+def bodies(elements: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``jobBody`` of app.js on each filled-in form, run by node."""
+    source = (STATIC / "app.js").read_text()
+    start, end = source.find(BUILDER_FROM), source.find(BUILDER_TO)
+    assert 0 <= start < end, f"app.js: the form builder between {BUILDER_FROM!r} and " \
+                             f"{BUILDER_TO!r} moved; update this test's markers"
+    script = (source[start:end] + "\nconst forms = JSON.parse(require('fs').readFileSync(0));"
+              "\nprocess.stdout.write(JSON.stringify(forms.map((elements) => "
+              "jobBody({elements}))));\n")
+    run = subprocess.run(["node", "-e", script], input=json.dumps(elements), text=True,
+                         capture_output=True, timeout=60, check=False)
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)
+
+
+@pytest.fixture(scope="module")
+def job_schema(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from service.api.app import create_app
+    from service.state.config import Settings
+
+    spec = create_app(Settings(data_dir=tmp_path_factory.mktemp("data"))).openapi()
+    body = spec["paths"]["/v1/jobs"]["post"]["requestBody"]["content"]["application/json"]
+    return {**body["schema"], "components": spec["components"]}
+
+
+def test_every_body_of_the_job_form_is_a_valid_job(job_schema: dict[str, Any]) -> None:
+    import jsonschema_rs
+    from pydantic import TypeAdapter
+
+    from service.api.schemas.jobs import JobIn
+    from service.jobkinds import KINDS
+
+    fields = form_fields()
+    assert set(fields.kinds) <= set(KINDS), "the form offers a kind the API does not know"
+    made = bodies(forms(fields))
+    assert {b["kind"] for b in made} == set(fields.kinds)
+    validator = jsonschema_rs.validator_for(job_schema)
+    model = TypeAdapter(JobIn)
+    for body in made:
+        errors = [e.message for e in validator.iter_errors(body)]
+        assert errors == [], (body, errors)
+        parsed = model.validate_python(body)  # the API's own check, model validators too
+        assert parsed.kind == body["kind"]
+
+
+def test_a_body_with_another_kinds_parameter_is_refused(job_schema: dict[str, Any]) -> None:
+    """What the form test guards against: ``steps`` is a continual job's, not an xbt's."""
+    import jsonschema_rs
+
+    body = {"kind": "xbt", "gallery": "demo", "params": {
+        "new": {"version": "v2"}, "corpus": "synth:10", "pairs": "p", "steps": 3}}
+    assert not jsonschema_rs.validator_for(job_schema).is_valid(body)

@@ -1,0 +1,186 @@
+"""Validation-selected stage 2 (``XbtConfig.select_every``): which checkpoint of stage 2 ships.
+
+Stage 2 may undo what stage 1 won (issue 24), so the route it ends with is not shipped
+blindly. Every ``select_every`` steps, and at its last step, the current route (the new
+model with its adapters, then phi) embeds a validation split and is scored new->old
+against the OLD version's embeddings of the same split, which stage 1 cached while the
+old model was loaded (stage 2 never holds it). Step 0 is stage 1 alone: phi as stage 1
+left it, on the off-the-shelf new model (adapters off). The best checkpoint's adapter and
+phi state (copied in memory) is put back at the end, so the artifact's route is the
+chosen one; the curve and the chosen step go into the artifact's metrics.
+
+Best (``SCORE``): the highest mean of text->image and image->text R@1 among the checkpoints
+no worse than step 0 in either direction (step 0 always qualifies); a tie goes to the
+earlier step. So a selected route never trades a loss against stage 1 in one direction for
+a gain in the other, and a stage 2 that only made the validation score worse ships as
+stage 1 alone.
+
+The validation split is never the test set: the caller gives one (``upgrade(...,
+validation=)``, the bench's own draw), or ``prepare`` holds ``select_holdout`` of the paired
+set out of training (``hold_out``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from training.data import PairDataset
+from training.encoders import Encoder
+from training.errors import DataError
+from training.evaluate import cross_metrics
+from training.pairs import PairTensors
+from training.upgrades.xbt.adapters import Adapters
+from training.upgrades.xbt.projector import Projector, ProjectorHead
+
+SCORE = ("mean of t2i and i2t R@1 new->old on the validation split, among the checkpoints "
+         "no worse than step 0 (stage 1 alone) in either direction; a tie goes to the "
+         "earlier step")
+GIVEN, HELD_OUT = "given", "held out of the paired set"
+
+
+@dataclass
+class ValidationSet:
+    """The split stage 2's checkpoints are scored on: the new model's inputs, and (once
+    stage 1 has cached them, ``with_old``) the old version's embeddings of it."""
+
+    dataset: PairDataset  # the images, for an old version with other preprocessing
+    pairs: PairTensors  # the new model's preprocessing and tokens
+    relevance: np.ndarray  # bool [M captions, N images]
+    tokenizer: Callable[..., torch.Tensor]  # the new model's
+    source: str  # GIVEN or HELD_OUT
+    old_images: torch.Tensor | None = None  # [N, D_old] by the old version (stage 1)
+    old_texts: torch.Tensor | None = None  # [M, D_old]
+
+    def with_old(self, images: torch.Tensor, texts: torch.Tensor) -> ValidationSet:
+        return replace(self, old_images=images, old_texts=texts)
+
+    def describe(self) -> dict[str, Any]:
+        return {"source": self.source, "images": len(self.pairs.pixels),
+                "captions": len(self.pairs.captions)}
+
+
+def hold_out(dataset: PairDataset, share: float, seed: int) -> tuple[PairDataset, PairDataset]:
+    """(training part, held-out part): ``share`` of the records (at least one), drawn with
+    ``seed``; both keep the dataset's order."""
+    n = len(dataset)
+    count = max(1, round(share * n))
+    if n - count < 2:
+        raise DataError(f"the paired set has {n} images: too few to hold {count} out for "
+                        f"stage 2's validation (select_holdout={share}); give a validation "
+                        f"set, or turn selection off with select_every=0")
+    held = np.sort(np.random.default_rng(seed).permutation(n)[:count])
+    keep = np.setdiff1d(np.arange(n), held)
+    return dataset.subset(keep.tolist()), dataset.subset(held.tolist())
+
+
+@dataclass
+class Checkpoint:
+    """One scored point of the curve; the best one also keeps its state."""
+
+    step: int
+    t2i: float
+    i2t: float
+    adapters: dict[str, torch.Tensor] | None = None  # None: adapters off (stage 1 alone)
+    phi: dict[str, torch.Tensor] | None = None
+
+    @property
+    def score(self) -> float:
+        return (self.t2i + self.i2t) / 2
+
+    def point(self) -> dict[str, Any]:
+        return {"step": self.step, "t2i": self.t2i, "i2t": self.i2t, "score": self.score}
+
+
+def route_embeddings(model: torch.nn.Module, phi: Projector,
+                     validation: ValidationSet) -> tuple[np.ndarray, np.ndarray]:
+    """(images [N, D_old], captions [M, D_old]) of the validation split by the route as it
+    is now (the model's adapters as they are switched, then phi), computed as the served
+    route computes them (``Encoder`` with phi as its head)."""
+    head = ProjectorHead(phi)
+    encoder = Encoder(model, validation.tokenizer, next(model.parameters()).device,
+                      text_head=head, image_head=head)
+    return (encoder.encode_image_tensors(validation.pairs.pixels),
+            encoder.encode_texts(validation.pairs.captions))
+
+
+def route_recall(model: torch.nn.Module, phi: Projector,
+                 validation: ValidationSet) -> tuple[float, float]:
+    """(t2i, i2t) R@1 of the route as it is now against the old version's embeddings of
+    the validation split."""
+    if validation.old_images is None or validation.old_texts is None:
+        raise RuntimeError("the validation split has no old embeddings: stage 1 caches them")
+    images, texts = route_embeddings(model, phi, validation)
+    cell = cross_metrics(texts, images, validation.old_images.numpy(),
+                         validation.old_texts.numpy(), validation.relevance, ks=(1,), map_k=1)
+    return float(cell["t2i"]["R@1"]), float(cell["i2t"]["R@1"])
+
+
+class Selector:
+    """Scores stage 1 alone (``stage1``), stage 2 at its checkpoints (``at_step``, the
+    trainer's ``on_checkpoint``), then puts the best one back (``finish``)."""
+
+    def __init__(self, validation: ValidationSet, adapters: Adapters, phi: Projector,
+                 every: int) -> None:
+        self.validation, self.adapters, self.phi, self.every = validation, adapters, phi, every
+        self.curve: list[Checkpoint] = []
+        self.best: Checkpoint | None = None
+
+    def stage1(self) -> None:
+        """Step 0: phi as stage 1 left it on the off-the-shelf new model."""
+        with self.adapters.disabled():
+            self._consider(0, with_adapters=False)
+
+    def at_step(self, step: int) -> None:
+        self._consider(step, with_adapters=True)
+        self.adapters.train_mode()  # scoring switched to eval mode; training goes on
+        self.phi.train()
+
+    def finish(self, last_step: int) -> dict[str, Any]:
+        """Score the last step if no checkpoint fell on it, put the best state back into the
+        adapters and phi (adapters switched off for step 0), and return the record."""
+        if self.curve[-1].step != last_step:
+            self._consider(last_step, with_adapters=True)
+        best = self.best
+        assert best is not None and best.phi is not None, "stage1() scores step 0 first"
+        self.phi.load_state_dict(best.phi)
+        if best.adapters is None:
+            self.adapters.set_enabled(False)
+        else:
+            self.adapters.load_state_dict(best.adapters)
+        return {"every": self.every, "score": SCORE, "validation": self.validation.describe(),
+                "curve": [c.point() for c in self.curve], "chosen_step": best.step,
+                "chosen": best.point(), "stage1": self.curve[0].point()}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The curve so far and the best checkpoint with its state (saved with a resumable
+        stage 2's state: a resumed run selects as the uninterrupted one would)."""
+        best = self.best
+        return {"curve": [[c.step, c.t2i, c.i2t] for c in self.curve],
+                "best": None if best is None else {"step": best.step, "t2i": best.t2i,
+                                                   "i2t": best.i2t, "adapters": best.adapters,
+                                                   "phi": best.phi}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.curve = [Checkpoint(int(step), float(t2i), float(i2t))
+                      for step, t2i, i2t in state["curve"]]
+        best = state["best"]
+        self.best = None if best is None else Checkpoint(
+            int(best["step"]), float(best["t2i"]), float(best["i2t"]), best["adapters"],
+            best["phi"])
+
+    def _consider(self, step: int, with_adapters: bool) -> None:
+        point = Checkpoint(step, *route_recall(self.adapters.model, self.phi, self.validation))
+        self.curve.append(point)
+        if self.best is None or self._better(point, self.best):
+            point.phi = {k: v.detach().clone() for k, v in self.phi.state_dict().items()}
+            point.adapters = self.adapters.state_dict() if with_adapters else None
+            self.best = point
+
+    def _better(self, point: Checkpoint, best: Checkpoint) -> bool:
+        floor = self.curve[0]  # stage 1 alone
+        return point.t2i >= floor.t2i and point.i2t >= floor.i2t and point.score > best.score
