@@ -40,6 +40,7 @@ SETTINGS = {f"NOBACKFILL_{name.upper()}": name for name in Settings.model_fields
 GATEWAY_ONLY = {
     "NOBACKFILL_HOST", "NOBACKFILL_PORT", "NOBACKFILL_ACCESS_LOG", "NOBACKFILL_BLAS_THREADS",
     "NOBACKFILL_ADMIN_API_KEYS", "NOBACKFILL_READ_API_KEY", "NOBACKFILL_APPLY_INTERVAL_S",
+    "NOBACKFILL_DECODE_PIXEL_BUDGET", "NOBACKFILL_DECODE_WAIT_S",  # image decodes of requests
 }
 # Nor the settings of the first-start demo (service/bootstrap.py): only `make serve` and the
 # compose file's one-shot `bootstrap` service run it; a worker never does.

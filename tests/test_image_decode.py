@@ -45,10 +45,8 @@ def big_photo(width: int = 2400, height: int = 1800) -> Image.Image:
 
 
 # ---------------------------------------------------------------- through the gateway
-def test_search_decodes_a_large_image_at_the_size_the_model_needs(gateway_factory,
-                                                                   monkeypatch) -> None:
-    """The image reaching the model's preprocess is a few times the model's input side,
-    not the 4.3-megapixel upload."""
+def sizes_reaching_the_model(monkeypatch) -> list[tuple[int, int]]:
+    """The size of every image the embedder's preprocess is handed, in order."""
     from service.runtime.embedder import Embedder
 
     seen: list[tuple[int, int]] = []
@@ -59,6 +57,14 @@ def test_search_decodes_a_large_image_at_the_size_the_model_needs(gateway_factor
         return pixels(self, image)
 
     monkeypatch.setattr(Embedder, "pixels", spy)
+    return seen
+
+
+def test_search_decodes_a_large_image_at_the_size_the_model_needs(gateway_factory,
+                                                                   monkeypatch) -> None:
+    """The image reaching the model's preprocess is a few times the model's input side,
+    not the 4.3-megapixel upload."""
+    seen = sizes_reaching_the_model(monkeypatch)
     with gateway_factory() as client:
         r = client.post("/v1/galleries/shapes/search", data={"top_k": "1"},
                         files={"image": ("big.png", encoded(stripes(2400, 1800)), "image/png")})
@@ -134,17 +140,9 @@ def test_ingest_keeps_the_original_and_a_thumbnail_from_the_reduced_decode(
     thumbnail still has its full 96 px."""
     import base64
 
-    from service.runtime.embedder import Embedder
     from service.vectors.sources import SourceStore
 
-    seen: list[tuple[int, int]] = []
-    pixels = Embedder.pixels
-
-    def spy(self, image):
-        seen.append(image.size)
-        return pixels(self, image)
-
-    monkeypatch.setattr(Embedder, "pixels", spy)
+    seen = sizes_reaching_the_model(monkeypatch)
     data = encoded(stripes(3000, 2000))
     with gateway_factory() as client:
         r = client.post("/v1/galleries/shapes/items", headers=ADMIN, json={"items": [
