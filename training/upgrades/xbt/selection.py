@@ -9,11 +9,16 @@ left it, on the off-the-shelf new model (adapters off). The best checkpoint's ad
 phi state (copied in memory) is put back at the end, so the artifact's route is the
 chosen one; the curve and the chosen step go into the artifact's metrics.
 
-Best (``SCORE``): the highest mean of text->image and image->text R@1 among the checkpoints
-no worse than step 0 in either direction (step 0 always qualifies); a tie goes to the
-earlier step. So a selected route never trades a loss against stage 1 in one direction for
-a gain in the other, and a stage 2 that only made the validation score worse ships as
-stage 1 alone.
+Best (``SCORE``): the mean of text->image and image->text R@1, among the checkpoints no
+worse than step 0 in either direction (step 0 always qualifies). A later checkpoint
+replaces the best so far only when it beats it by more than the standard error of the
+difference (a paired bootstrap over the validation queries, ``score_difference_se``): a
+validation split of a few hundred queries moves R@1 by a few hundredths between draws, and
+a checkpoint that wins by less than that is as likely worse on held-out data (``bench xbt
+--seed 2`` shipped such a stage 2, worse than its own stage 1 on the test set). So the
+earlier, cheaper route ships unless the later one is better beyond noise; a selected route
+never trades a loss against stage 1 in one direction for a gain in the other, and a
+stage 2 that did not clearly help ships as stage 1 alone.
 
 The validation split is never the test set: the caller gives one (``upgrade(...,
 validation=)``, the bench's own draw), or ``prepare`` holds ``select_holdout`` of the paired
@@ -32,14 +37,15 @@ import torch
 from training.data import PairDataset
 from training.encoders import Encoder
 from training.errors import DataError
-from training.evaluate import cross_metrics
+from training.evaluate import cross_top1_hits, score_difference_se
 from training.pairs import PairTensors
 from training.upgrades.xbt.adapters import Adapters
 from training.upgrades.xbt.projector import Projector, ProjectorHead
 
 SCORE = ("mean of t2i and i2t R@1 new->old on the validation split, among the checkpoints "
-         "no worse than step 0 (stage 1 alone) in either direction; a tie goes to the "
-         "earlier step")
+         "no worse than step 0 (stage 1 alone) in either direction; a later checkpoint "
+         "replaces the best so far only when better by more than the bootstrap standard "
+         "error of the difference (margin)")
 GIVEN, HELD_OUT = "given", "held out of the paired set"
 
 
@@ -87,13 +93,20 @@ class Checkpoint:
     i2t: float
     adapters: dict[str, torch.Tensor] | None = None  # None: adapters off (stage 1 alone)
     phi: dict[str, torch.Tensor] | None = None
+    hits: dict[str, np.ndarray] | None = None  # per-query top-1: {"t2i": [M], "i2t": [N]}
+    margin: float = 0.0  # the standard error it had to beat the best so far by
+
+    @classmethod
+    def scored(cls, step: int, hits: dict[str, np.ndarray]) -> Checkpoint:
+        return cls(step, float(hits["t2i"].mean()), float(hits["i2t"].mean()), hits=hits)
 
     @property
     def score(self) -> float:
         return (self.t2i + self.i2t) / 2
 
     def point(self) -> dict[str, Any]:
-        return {"step": self.step, "t2i": self.t2i, "i2t": self.i2t, "score": self.score}
+        return {"step": self.step, "t2i": self.t2i, "i2t": self.i2t, "score": self.score,
+                "margin": self.margin}
 
 
 def route_embeddings(model: torch.nn.Module, phi: Projector,
@@ -108,16 +121,16 @@ def route_embeddings(model: torch.nn.Module, phi: Projector,
             encoder.encode_texts(validation.pairs.captions))
 
 
-def route_recall(model: torch.nn.Module, phi: Projector,
-                 validation: ValidationSet) -> tuple[float, float]:
-    """(t2i, i2t) R@1 of the route as it is now against the old version's embeddings of
-    the validation split."""
+def route_hits(model: torch.nn.Module, phi: Projector,
+               validation: ValidationSet) -> dict[str, np.ndarray]:
+    """Per-query top-1 hits ``{"t2i": bool [M], "i2t": bool [N]}`` of the route as it is now
+    against the old version's embeddings of the validation split (each mean is that
+    direction's R@1)."""
     if validation.old_images is None or validation.old_texts is None:
         raise RuntimeError("the validation split has no old embeddings: stage 1 caches them")
     images, texts = route_embeddings(model, phi, validation)
-    cell = cross_metrics(texts, images, validation.old_images.numpy(),
-                         validation.old_texts.numpy(), validation.relevance, ks=(1,), map_k=1)
-    return float(cell["t2i"]["R@1"]), float(cell["i2t"]["R@1"])
+    return cross_top1_hits(texts, images, validation.old_images.numpy(),
+                           validation.old_texts.numpy(), validation.relevance)
 
 
 class Selector:
@@ -160,21 +173,30 @@ class Selector:
         """The curve so far and the best checkpoint with its state (saved with a resumable
         stage 2's state: a resumed run selects as the uninterrupted one would)."""
         best = self.best
-        return {"curve": [[c.step, c.t2i, c.i2t] for c in self.curve],
-                "best": None if best is None else {"step": best.step, "t2i": best.t2i,
-                                                   "i2t": best.i2t, "adapters": best.adapters,
-                                                   "phi": best.phi}}
+        return {"curve": [[c.step, c.t2i, c.i2t, c.margin] for c in self.curve],
+                "best": None if best is None else {
+                    "step": best.step, "t2i": best.t2i, "i2t": best.i2t,
+                    "margin": best.margin, "adapters": best.adapters, "phi": best.phi,
+                    "hits": {k: torch.from_numpy(v) for k, v in (best.hits or {}).items()}}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.curve = [Checkpoint(int(step), float(t2i), float(i2t))
-                      for step, t2i, i2t in state["curve"]]
+        # A state saved before margins existed has 3-field points and no hits: it resumes
+        # under the old rule (margin 0) rather than failing.
+        self.curve = [Checkpoint(int(step), float(t2i), float(i2t),
+                                 margin=float(margin[0]) if margin else 0.0)
+                      for step, t2i, i2t, *margin in state["curve"]]
         best = state["best"]
+        hits = (best or {}).get("hits") or None
         self.best = None if best is None else Checkpoint(
             int(best["step"]), float(best["t2i"]), float(best["i2t"]), best["adapters"],
-            best["phi"])
+            best["phi"], {k: v.numpy() for k, v in hits.items()} if hits else None,
+            float(best.get("margin", 0.0)))
 
     def _consider(self, step: int, with_adapters: bool) -> None:
-        point = Checkpoint(step, *route_recall(self.adapters.model, self.phi, self.validation))
+        point = Checkpoint.scored(step, route_hits(self.adapters.model, self.phi,
+                                                   self.validation))
+        if self.best is not None and self.best.hits is not None:
+            point.margin = score_difference_se(self.best.hits, point.hits or {})
         self.curve.append(point)
         if self.best is None or self._better(point, self.best):
             point.phi = {k: v.detach().clone() for k, v in self.phi.state_dict().items()}
@@ -183,4 +205,5 @@ class Selector:
 
     def _better(self, point: Checkpoint, best: Checkpoint) -> bool:
         floor = self.curve[0]  # stage 1 alone
-        return point.t2i >= floor.t2i and point.i2t >= floor.i2t and point.score > best.score
+        return (point.t2i >= floor.t2i and point.i2t >= floor.i2t
+                and point.score - best.score > point.margin)
