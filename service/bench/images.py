@@ -63,15 +63,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from service.bench.setup import GALLERY
+    from service.bench.setup import GALLERY, fresh_work_dir
     from service.stack.launch import gateway_child
     from service.state.config import Settings
 
     out = Path(args.out)
-    work = out / "work"
-    if work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
+    work = fresh_work_dir(out)
     extra = dict(item.split("=", 1) for item in args.env)
     limit = int(extra.get("NOBACKFILL_MAX_IMAGE_PIXELS",
                           Settings.model_fields["max_image_pixels"].default))

@@ -68,13 +68,12 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    from service.bench.setup import fresh_work_dir
+
     if args.quick:
         args = argparse.Namespace(**{**vars(args), **QUICK})
     out = Path(args.out)
-    work = out / "work"
-    if work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
+    work = fresh_work_dir(out)
     old, new = _models(args, work)
     result: dict[str, Any] = {"items": args.items, "test_items": args.test_items,
                               "old": old.version_id, "new": new.version_id}

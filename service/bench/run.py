@@ -20,7 +20,7 @@ from typing import Any
 
 from service.bench import server
 from service.bench.bare import BareMeter, Sample, summary
-from service.bench.setup import GALLERY, Queries, build_gallery, make_queries
+from service.bench.setup import GALLERY, Queries, build_gallery, fresh_work_dir, make_queries
 from service.state.config import Settings
 from training.encoders import ModelSpec
 
@@ -37,10 +37,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     if args.rounds < 1:
         raise SystemExit("--rounds must be at least 1")
     out = Path(args.out)
-    work = out / "work"
-    if work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
+    work = fresh_work_dir(out)
     settings = Settings(data_dir=work / "data", device=args.device)
     spec = _spec(args)
     result: dict[str, Any] = {"model": spec.describe(), "device": args.device or "auto",

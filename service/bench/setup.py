@@ -4,6 +4,7 @@ a subset replicated with deterministic noise)."""
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,16 @@ GALLERY = "bench"
 VERSION = "bench-v1"
 NOISE = 0.05  # per-dimension std of the noise added to replicated vectors (before renorm)
 
+
+
+def fresh_work_dir(out: Path) -> Path:
+    """``OUT/work``, emptied: each benchmark run starts from nothing (a gallery, a registry
+    and logs left by an earlier run would change what it measures)."""
+    work = Path(out) / "work"
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    return work
 
 @dataclass
 class Queries:
