@@ -166,14 +166,49 @@ def test_a_backfill_writes_only_items_unchanged_since_they_were_read(gallery) ->
                                atol=1e-6)
 
 
-def test_a_backfill_of_a_migration_that_is_not_backfilling_writes_nothing(gallery) -> None:
+def test_a_backfill_writes_while_the_migration_is_open_and_nothing_without_one(
+        gallery) -> None:
+    """After a progressive switch the backfill goes on: a switched (or rolled back)
+    migration still takes its batches; with no migration there is nowhere to write."""
     gallery.write(upserts("v1", sources(), vectors(0)))
-    target = gallery.open_migration("switched")
     read = gallery.store.stored("g", ["a", "b"])
     batch = Batch("backfill", "v2", [{"id": i, "etag": read[i].etag} for i in "ab"],
                   {"new": [{"text": unit(1)}, {"text": unit(2)}]})
-    assert gallery.write(batch) == Applied(skipped=2)
-    assert gallery.store.count(target) == 0
+    assert gallery.write(batch) == Applied(skipped=2)  # no migration
+    target = gallery.open_migration("switched")
+    assert gallery.write(batch) == Applied(written=2)
+    assert gallery.store.count(target) == 2
+
+
+def test_a_transform_fills_only_what_the_target_lacks_and_says_how_it_was_made(
+        gallery) -> None:
+    gallery.write(upserts("v1", sources(), vectors(0)))
+    gallery.write(upserts("v1", [Source("c", "a green star", None, payload())],
+                          {"old": [{"text": unit(5)}]}))
+    target = gallery.open_migration()
+    read = gallery.store.stored("g", ["a", "b", "c"])
+    embedded = Batch("backfill", "v2", [{"id": "a", "etag": read["a"].etag}],
+                     {"new": [{"text": unit(11)}]})
+    assert gallery.write(embedded) == Applied(written=1)
+    made = {"by": "transform", "version": "v2", "from_space": "old", "map": "procrustes"}
+    mapped = Batch("transform", "v2", [{"id": i, "etag": read[i].etag} for i in "abc"],
+                   {"new": [{"text": unit(20 + n)} for n in range(3)]}, made=made)
+    mapped.items[2]["etag"] = "stale"  # 'c' was rewritten since it was read
+    assert gallery.write(mapped) == Applied(written=1, skipped=2)
+    stored = gallery.store.stored(target)
+    assert sorted(stored) == ["a", "b"]
+    assert stored["a"].made == {"by": "embed", "version": "v2"}  # a real vector stays
+    assert stored["b"].made == made and stored["b"].etag == read["b"].etag
+    assert stored["b"].payload == read["b"].payload and stored["b"].origin == read["b"].origin
+    vec = gallery.store.vectors(target, ["a", "b"])
+    assert np.allclose(vec["a"]["text"], unit(11)) and np.allclose(vec["b"]["text"], unit(21))
+    # The backfill then replaces the transformed vector in place (one point per item).
+    again = Batch("backfill", "v2", [{"id": "b", "etag": read["b"].etag}],
+                  {"new": [{"text": unit(30)}]})
+    assert gallery.write(again) == Applied(written=1)
+    assert gallery.store.count(target) == 2
+    assert gallery.store.stored(target, ["b"])["b"].made == {"by": "embed", "version": "v2"}
+    assert np.allclose(gallery.store.vectors(target, ["b"])["b"]["text"], unit(30))
 
 
 def test_an_unknown_mode_is_refused(gallery) -> None:

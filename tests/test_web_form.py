@@ -147,3 +147,60 @@ def test_a_body_with_another_kinds_parameter_is_refused(job_schema: dict[str, An
     body = {"kind": "xbt", "gallery": "demo", "params": {
         "new": {"version": "v2"}, "corpus": "synth:10", "pairs": "p", "steps": 3}}
     assert not jsonschema_rs.validator_for(job_schema).is_valid(body)
+
+
+# ---------------------------------------------------------------- the migration options
+# ``migrationBody`` of views.js: the POST /v1/galleries/{gallery}/migration body of a row's
+# migration options (transform, order, switch, sample), between these markers.
+MIGRATION_FROM, MIGRATION_TO = "// MIGRATION BODY", "// END MIGRATION BODY"
+
+
+def migration_bodies(forms: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    source = (STATIC / "views.js").read_text()
+    start, end = source.find(MIGRATION_FROM), source.find(MIGRATION_TO)
+    assert 0 <= start < end, f"views.js: the migration body builder between " \
+                             f"{MIGRATION_FROM!r} and {MIGRATION_TO!r} moved"
+    script = (source[start:end].replace("export function", "function")
+              + "\nconst forms = JSON.parse(require('fs').readFileSync(0));"
+              "\nprocess.stdout.write(JSON.stringify(forms.map(migrationBody)));\n")
+    run = subprocess.run(["node", "-e", script], input=json.dumps(forms), text=True,
+                         capture_output=True, timeout=60, check=False)
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)
+
+
+def test_every_body_of_the_migration_options_is_a_valid_migration(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Every choice of the options (a learned order or a progressive switch left selected
+    while the transform is unchecked too, as a stale form may hold them) makes a body the
+    OpenAPI document and the API's own checks accept: never learned / progressive / sample
+    without the transform."""
+    import jsonschema_rs
+
+    from service.api.app import create_app
+    from service.api.schemas.migrations import MigrationIn
+    from service.state.config import Settings
+
+    spec = create_app(Settings(data_dir=tmp_path_factory.mktemp("data"))).openapi()
+    post = spec["paths"]["/v1/galleries/{gallery}/migration"]["post"]
+    schema = {**post["requestBody"]["content"]["application/json"]["schema"],
+              "components": spec["components"]}
+    validator = jsonschema_rs.validator_for(schema)
+    forms = [{"transform": transform, "order": order, "switch": switch, "sample": sample}
+             for transform in (False, True) for order in ("id", "random", "learned")
+             for switch in ("end", "progressive") for sample in ("", "64", "3", "junk")]
+    made = migration_bodies([{}, {"validation": " /data/val "}, *forms])
+    assert made[0] == {}  # untouched options: the server's defaults
+    assert made[1] == {"validation": "/data/val"}
+    assert validator.is_valid(made[1])
+    for form, body in zip(forms, made[2:], strict=True):
+        errors = [e.message for e in validator.iter_errors(body)]
+        assert errors == [], (form, body, errors)
+        MigrationIn.model_validate(body).check(None, None)  # type: ignore[arg-type]
+        assert body.get("transform", False) == form["transform"], (form, body)
+        if form["transform"]:
+            assert body.get("order", "id") == form["order"]
+            assert body.get("switch", "end") == form["switch"]
+            assert body.get("sample") == (64 if form["sample"] == "64" else None)
+        else:
+            assert body.get("order", "id") == ("random" if form["order"] == "random" else "id")

@@ -77,7 +77,8 @@ def run_shard(job_id: str, shard: int, settings: Settings, worker: str) -> Job |
         except Exception as exc:
             log.exception("job %s shard %d failed", job.id, shard)
             return store.finish_shard(job.id, shard, "failed", f"{type(exc).__name__}: {exc}")
-    return store.finish_shard(job.id, shard, "done", gate=outcome.get("gate"))
+    return store.finish_shard(job.id, shard, "done", gate=outcome.get("gate"),
+                              result=outcome.get("result"))
 
 
 def _params(job: Job) -> Any:

@@ -81,21 +81,23 @@ def apply_spool(gateway: Gateway, job: Job) -> int:
     written = 0
     for path in pending(work):
         try:
-            applied = writer.write(read_batch(path))
+            batch = read_batch(path)
+            applied = writer.write(batch)
         except Exception as exc:
             log.exception("job %s: spooled batch %s could not be applied", job.id, path.name)
             gateway.jobs.finish(job.id, "failed", error=f"spooled batch {path.name} could not "
                                 f"be written: {type(exc).__name__}: {str(exc)[:300]}")
             return written
-        gateway.jobs.update(job.id, lambda j, a=applied: _count(j, a))
+        gateway.jobs.update(job.id, lambda j, a=applied, m=batch.mode: _count(j, a, m))
         path.unlink(missing_ok=True)
         written += applied.written
     return written
 
 
-def _count(job: Job, applied: Applied) -> Job:
+def _count(job: Job, applied: Applied, mode: str = "upsert") -> Job:
     result = dict(job.result)
-    result["applied"] = int(result.get("applied", 0)) + applied.written
+    key = "transformed" if mode == "transform" else "applied"  # transformed: no encoder ran
+    result[key] = int(result.get(key, 0)) + applied.written
     result["skipped"] = int(result.get("skipped", 0)) + applied.skipped
     if applied.unreadable:
         listed = [*result.get("unreadable", []), *applied.unreadable]

@@ -1,17 +1,27 @@
 """Answer one query against one gallery, on the version that serves it when the query
-arrives (captured once, so a swap mid-request cannot mix versions)."""
+arrives (captured once, so a swap mid-request cannot mix versions).
+
+``hybrid`` (while a migration keeps two sides): the query is embedded into both sides'
+spaces (NEW natively for the target side, through the route for the source side) and
+each item is scored by both, ``score = cos(query, serving side) + cos(query', other
+side)``, over the union of each side's ``HYBRID_POOL * top_k`` best (the score an item
+lacks on one side is computed from its stored vector there; an item one side does not
+hold yet gets that side's lowest pooled score). Two forwards (or one forward and a map,
+for an adapter route), two searches and a vector read per query: ``bench frontier``
+measures the gain, ``bench hybrid`` the added latency."""
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from service.runtime.embedder import Embedder
 from service.runtime.gateway import Gateway
 from service.state.config import Settings
-from service.state.errors import InvalidInput
+from service.state.errors import Conflict, InvalidInput
 from service.state.gallery.store import Hit, Where
 from service.usecases.media import decode_image_async
 
@@ -23,6 +33,7 @@ class Query:
     kind: str = "image"  # which items to return
     top_k: int = 10
     where: Where | None = None  # payload filter
+    hybrid: bool = False  # score by both sides of an open migration (module docstring)
 
 
 @dataclass(frozen=True)
@@ -35,10 +46,15 @@ class Answer:
     hits: list[Hit]
 
 
+HYBRID_POOL = 4  # each side's candidates per hit asked for
+
+
 async def search(gateway: Gateway, gallery: str, query: Query) -> Answer:
     check_query(query, gateway.settings.top_k_max)
     serving = gateway.runtime.serving(gallery)
     embedder = serving.ready()  # 409 when the version has no route into the gallery's space
+    if query.hybrid:
+        return await hybrid_search(gateway, serving, embedder, query)
     vector = await embed_query(embedder, query, gateway.settings)
     hits = await gateway.searches.search(serving.collection, vector, query.kind, query.top_k,
                                          query.where)
@@ -62,3 +78,48 @@ async def embed_query(embedder: Embedder, query: Query, settings: Settings) -> n
     image = await decode_image_async(query.image, settings, embedder.image_side)
     pixels = await asyncio.to_thread(embedder.pixels, image)
     return await embedder.embed_pixels(pixels)
+
+
+async def hybrid_search(gateway: Gateway, serving: Any, embedder: Embedder,
+                        query: Query) -> Answer:
+    """Both sides of an open migration score every candidate (module docstring)."""
+    if not serving.others:
+        raise Conflict(f"gallery '{serving.gallery}' has no migration: hybrid scoring needs "
+                       f"two sides")
+    other = serving.others[0]
+    image = None
+    if query.image is not None:
+        image = await decode_image_async(query.image, gateway.settings, embedder.image_side)
+    vectors = []
+    for e in (embedder, other.embedder):
+        if query.text is not None:
+            vectors.append(await e.embed_text(query.text))
+        else:
+            pixels = await asyncio.to_thread(e.pixels, image)
+            vectors.append(await e.embed_pixels(pixels))
+    pool = min(query.top_k * HYBRID_POOL, max(query.top_k, gateway.settings.top_k_max))
+    collections = (serving.collection, other.collection)
+    found = [await gateway.searches.search(c, v, query.kind, pool, query.where)
+             for c, v in zip(collections, vectors, strict=True)]
+    hits = await asyncio.to_thread(_fuse, gateway, collections, vectors, found, query)
+    return Answer(serving.gallery, embedder.version, "hybrid", serving.space, query.kind, hits)
+
+
+def _fuse(gateway: Gateway, collections: tuple[str, str], vectors: list[np.ndarray],
+          found: list[list[Hit]], query: Query) -> list[Hit]:
+    """The union of both sides' candidates, each scored on both sides, best first."""
+    scores: list[dict[str, float]] = [{h.id: h.score for h in side} for side in found]
+    ids = list(dict.fromkeys(h.id for side in found for h in side))
+    for n, (collection, vector) in enumerate(zip(collections, vectors, strict=True)):
+        lacking = [i for i in ids if i not in scores[n]]
+        if lacking:
+            stored = gateway.store.vectors(collection, lacking)
+            for item, kinds in stored.items():
+                if query.kind in kinds:
+                    scores[n][item] = float(kinds[query.kind] @ vector)
+    floors = [min(side.values(), default=0.0) for side in scores]
+    fused = {i: sum(side.get(i, floor) for side, floor in zip(scores, floors, strict=True))
+             for i in ids}
+    first = {h.id: h for side in found for h in reversed(side)}  # the serving side's wins
+    best = sorted(ids, key=lambda i: -fused[i])[:query.top_k]
+    return [Hit(i, fused[i], first[i].payload, first[i].version, first[i].space) for i in best]

@@ -60,7 +60,8 @@ def write_batch(work: Path, name: str, batch: Batch) -> Path:
             arrays[f"{space}|{kind}"] = np.stack([per_item[n][kind] for n in rows]).astype(
                 np.float32)
     meta = {"mode": batch.mode, "version": batch.version, "items": batch.items,
-            "spaces": sorted(batch.vectors), "unreadable": batch.unreadable}
+            "spaces": sorted(batch.vectors), "unreadable": batch.unreadable,
+            "made": batch.made}
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
     tmp = folder / f".{name}.{uuid.uuid4().hex[:6]}.tmp"
     with open(tmp, "wb") as fh:
@@ -88,4 +89,5 @@ def read_batch(path: Path) -> Batch:
             space, kind = parts
             for row, vector in zip(data[f"{key}|rows"], data[key], strict=True):
                 vectors[space][int(row)][kind] = vector
-    return Batch(meta["mode"], meta["version"], meta["items"], vectors, meta["unreadable"])
+    return Batch(meta["mode"], meta["version"], meta["items"], vectors, meta["unreadable"],
+                 made=meta.get("made"))

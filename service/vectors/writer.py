@@ -13,6 +13,13 @@ it writes the batch into its job's spool, and the gateway's applier writes it wi
   is backfilling, only the items whose etag on the source side is still the one that was
   read, with the source's payload, origin and etag; an item deleted or rewritten since
   is neither resurrected nor overwritten with stale vectors.
+- ``transform`` (a migration's gallery-side transform: stored vectors mapped into the
+  target's space, no encoder run): into the migration's target side, only the items the
+  target side does not hold yet (a re-embedded vector is never replaced by a transformed
+  one) and whose source etag is still the one that was read; every point records how it
+  was made (``Batch.made``). A backfill later replaces a transformed vector in place.
+  Backfill and transform batches are written while the migration is open, whatever its
+  state: a progressive switch serves the target side while its backfill goes on.
 - thumbnails: a batch that carries its images replaces the items' thumbnails (an item
   stored without an image loses the thumbnail of the item it replaced).
 """
@@ -36,20 +43,23 @@ from service.state.registry import Registry
 from service.state.registry.records import GalleryRecord, Migration
 from service.state.thumbnails import ThumbnailStore, make_thumbnail
 
-MODES = ("upsert", "backfill")
+MODES = ("upsert", "backfill", "transform")
 
 
 @dataclass
 class Batch:
-    mode: str  # upsert | backfill
-    version: str  # the version that embedded it
-    # upsert: {"id", "payload", "origin"}; backfill: {"id", "etag"}
+    mode: str  # upsert | backfill | transform
+    version: str  # the version that embedded it (transform: into whose space it was mapped)
+    # upsert: {"id", "payload", "origin"}; backfill, transform: {"id", "etag"}
     items: list[dict[str, Any]]
     vectors: dict[str, list[dict[str, np.ndarray]]]  # space -> per item: kind -> [D]
     unreadable: list[dict[str, str]] = field(default_factory=list)  # {"id", "reason"}
     # Per item, the image its thumbnail is made from (None: it has none); None: the batch
     # leaves thumbnails alone (a backfill, or a spooled batch: its worker made them).
     images: list[Image.Image | None] | None = None
+    # How the vectors were made (``service.state.gallery.store.Item.made``); None: embedded
+    # by ``version``.
+    made: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -114,7 +124,7 @@ class DirectWriter(GalleryWriter):
         with self.lock():
             sides = self.sides()
             applied = (self._upsert(sides, batch) if batch.mode == "upsert"
-                       else self._backfill(sides, batch))
+                       else self._backfill(sides, batch, batch.mode == "transform"))
             write_thumbnails(self.thumbnails, self.gallery, batch)
         return applied
 
@@ -128,16 +138,17 @@ class DirectWriter(GalleryWriter):
             self.store.upsert(sides.collections[space], items, batch.version, space)
         return Applied(written=len(batch.items), unreadable=tuple(batch.unreadable))
 
-    def _backfill(self, sides: Sides, batch: Batch) -> Applied:
+    def _backfill(self, sides: Sides, batch: Batch, transform: bool = False) -> Applied:
         m = sides.migration
-        if m is None or m.state != "backfilling":
+        if m is None:
             return Applied(skipped=len(batch.items), unreadable=tuple(batch.unreadable))
         per_item = batch.vectors.get(m.target.space, [{} for _ in batch.items])
         wanted = {i["id"]: (i.get("etag"), v)
                   for i, v in zip(batch.items, per_item, strict=True) if v}
         current = self.store.stored(m.source.collection, list(wanted))
-        items = [Item(s.id, wanted[s.id][1], s.payload, s.origin, s.etag)
-                 for s in current.values() if s.etag == wanted[s.id][0]]
+        held = set(self.store.stored(m.target.collection, list(wanted))) if transform else set()
+        items = [Item(s.id, wanted[s.id][1], s.payload, s.origin, s.etag, batch.made)
+                 for s in current.values() if s.etag == wanted[s.id][0] and s.id not in held]
         if items:
             self.store.upsert(m.target.collection, items, batch.version, m.target.space)
         return Applied(written=len(items), skipped=len(batch.items) - len(items),

@@ -15,6 +15,7 @@ from training.bench import (
     base_models,
     continual,
     distributed,
+    frontier,
     language,
     upgrade,
     xbt,
@@ -29,4 +30,5 @@ BENCHMARKS: dict[str, Callable[[Any, str], None]] = {
     "continual": continual.register,
     "language": language.register,
     "distributed": distributed.register,
+    "frontier": frontier.register,
 }

@@ -41,7 +41,7 @@ async def search_gallery(gallery: str, request: Request, gateway: GatewayDep,
 def _from_json(body: SearchRequest, settings: Settings) -> Query:
     image = (from_base64(body.image_base64, settings.max_image_bytes)
              if body.image_base64 is not None else None)
-    return Query(body.text, image, body.kind, body.top_k, body.filter)
+    return Query(body.text, image, body.kind, body.top_k, body.filter, body.hybrid)
 
 
 async def _from_form(request: Request, settings: Settings) -> Query:
@@ -51,4 +51,5 @@ async def _from_form(request: Request, settings: Settings) -> Query:
         if len(uploads) > 1:
             raise InvalidInput("send one image per search")
         image = await bodies.file_bytes(uploads[0], settings.max_image_bytes) if uploads else None
-    return Query(fields.text, image, fields.kind, fields.top_k, fields.filter)
+    return Query(fields.text, image, fields.kind, fields.top_k, fields.filter,
+                 fields.hybrid == "true")

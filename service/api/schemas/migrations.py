@@ -56,8 +56,14 @@ class MigrationOut(BaseModel):
     job_status: str | None
     started_at: str
     started_by: str
-    progress: dict[str, Any] = Field(description="stage, done, total, items_per_s, eta_s, "
-                                                 "applied, unreadable")
+    progress: dict[str, Any] = Field(description=(
+        "stage, done, total, items_per_s, eta_s, applied, unreadable; fraction (share of the "
+        "items re-embedded and written), order, switch, transformed (items holding a "
+        "transformed vector so far), switch_at (the fraction from which the validation curve "
+        "says the side beats the route), switched_at_fraction and switched_at (once switched); "
+        "with a transform: transform (method, sample, metrics), curve [{fraction, t2i, i2t: "
+        "{side, share: {share, se}}}], routed, share_estimate (the curve at the current "
+        "fraction)"))
     gate: dict[str, Any] | None = Field(None, description="new->new against the route "
                                                           "new->old on the validation set")
     result: dict[str, Any] = Field(default_factory=dict, description=(

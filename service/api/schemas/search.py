@@ -32,6 +32,9 @@ Where = Annotated[dict[FilterKey, FilterValue], Field(
 TEXT_MAX = 2000
 TOP_K_CAP = 10_000  # the largest top_k_max a server may be configured with
 SEARCH_PATH = "/v1/galleries/{gallery}/search"
+HYBRID = ("while the gallery migrates: score each item by both sides (the new model's query "
+          "against the new side plus the routed query against the old side); 409 without "
+          "a migration. Two query embeddings and two searches: more latency")
 # Not blank: checked where the query is built (usecases/search.py), stated here as well.
 Text = Annotated[str, StringConstraints(max_length=TEXT_MAX),
                  WithJsonSchema({"type": "string", "maxLength": TEXT_MAX, "pattern": r"\S"})]
@@ -56,6 +59,7 @@ class SearchRequest(BaseModel):
     top_k: Annotated[TopK, Strict()] = 10
     kind: Kind = Field("image", description="which gallery items to return")
     filter: Where | None = None
+    hybrid: StrictBool = Field(False, description=HYBRID)
 
 
 def digits(value: Any) -> Any:
@@ -78,6 +82,7 @@ class SearchForm(BaseModel):
     top_k: Annotated[TopK, Strict(), BeforeValidator(digits)] = 10
     kind: Kind = "image"
     filter: Json[Where | None] | None = Field(None, description="payload filter, JSON text")
+    hybrid: Literal["true", "false"] = Field("false", description=HYBRID)
 
 
 class HitOut(BaseModel):
@@ -85,7 +90,8 @@ class HitOut(BaseModel):
     score: float
     payload: dict[str, Any]
     version: str = Field(description="the version that embedded this gallery item")
-    space: str = Field(description="the space of its stored vector (always the answer's)")
+    space: str = Field(description="the space of its stored vector (the answer's; with "
+                                   "hybrid, the serving side's)")
 
 
 class SearchResponse(BaseModel):

@@ -28,14 +28,6 @@ from service.vectors.spool import SpooledWriter
 DIRECTIONS = ("t2i", "i2t")
 
 
-def run(ctx: RunContext) -> dict[str, Any]:
-    assert ctx.shard is not None, "a migrate job runs as shards"
-    task = ctx.job.shards[ctx.shard].get("task", "backfill")
-    if task == "gate":
-        return {"gate": run_gate(ctx)}
-    return run_backfill(ctx)
-
-
 class RateLimit:
     """At most ``rate`` items/s on average (0: no limit)."""
 

@@ -15,6 +15,15 @@ downtime (DESIGN.md step 5). Blue-green: the target side is a new Qdrant collect
    side (each request captured one ``Serving``: it finishes on the side it started on).
    The source side is kept, and still written, until ``retire``; ``rollback`` goes back.
 
+With ``transform`` (``service.jobkinds.migrate.transform``), step 1 also snapshots the
+stored vectors and plans one ``transform`` shard (the sample); when it is done and its
+spool (the sample's real vectors, every other item's mapped ones) is written, ``drive``
+plans the backfill shards from the order it wrote: strided over the order, so every
+shard walks it together. With ``switch: progressive``, ``drive`` switches as soon as the
+fraction re-embedded (what the gateway has written) reaches the point where the
+validation curve says the side beats the route, and keeps driving the backfill after the
+switch; the job then ends after the backfill and the gate, without a second switch.
+
 Why a new collection rather than new named vectors: the target may have another width,
 a retire is one collection drop, a rollback is one pointer move, and a half-built side
 is never inside the collection that serves.
@@ -23,15 +32,21 @@ is never inside the collection that serves.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from service.jobkinds.base import GatewayPort
 from service.jobkinds.ingest import KIND as INGEST
 from service.jobkinds.migrate.params import MigrateParams
+from service.jobkinds.migrate.transform import read_order, write_snapshot
 from service.state.errors import Conflict, GateFailed, InvalidInput, NotFound, Unavailable, shown
 from service.state.gallery.locks import gallery_lock
 from service.state.gallery.store import Stored
@@ -44,6 +59,7 @@ from service.vectors.backfill import origin_of
 from service.vectors.spool import pending
 
 log = logging.getLogger(__name__)
+LISTING = "listing.json"  # a transformed migration's listed items, planned after the transform
 CATCH_UP_ROUNDS = 3  # backfills of items the listing missed, before the switch gives up
 SHOWN_IDS = 20  # item ids an error message names (the job record has all)
 
@@ -112,7 +128,15 @@ async def prepare(gateway: GatewayPort, job: Job, params: MigrateParams) -> list
     try:
         await gateway.runtime.refresh()  # this replica writes both sides from here on
         items, versions = await asyncio.to_thread(_listing, gateway, job.gallery, source)
-        planned = await asyncio.to_thread(_write_shards, gateway, job, _plan(items, params.shards))
+        if params.transform:
+            work = gateway.jobs.work_dir(job.id)
+            await asyncio.to_thread(write_snapshot, gateway.store, source, items, work)
+            await asyncio.to_thread(_write_json, work / LISTING, items)
+            planned = await asyncio.to_thread(_write_shards, gateway, job,
+                                              [_sample(items, params)], "transform")
+        else:
+            planned = await asyncio.to_thread(_write_shards, gateway, job,
+                                              _planned(items, params))
         await asyncio.to_thread(gateway.jobs.update, job.id, lambda j: j.merged(
             result={"planned_shards": len(planned), "listed": len(items),
                     "embedded_by": versions}))
@@ -146,6 +170,48 @@ def _plan(items: list[dict[str, Any]], shards: int) -> list[list[dict[str, Any]]
     return [items[bounds[k]:bounds[k + 1]] for k in range(n)]
 
 
+def _write_json(path: Path, value: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(value))
+    os.replace(tmp, path)
+
+
+def _strided(items: list[dict[str, Any]], shards: int) -> list[list[dict[str, Any]]]:
+    """Items in backfill order dealt to the shards in turn (shard k: items k, k + n, ...),
+    so that the shards, running at once, walk the order together."""
+    n = max(1, min(shards, len(items)))
+    return [items[k::n] for k in range(n)]
+
+
+def _planned(items: list[dict[str, Any]], params: MigrateParams) -> list[list[dict[str, Any]]]:
+    """The backfill shards of a migration without a transform: id order in contiguous
+    ranges (as before there was a choice), or a seeded random order, strided."""
+    if params.order == "random":
+        perm = np.random.default_rng(params.seed).permutation(len(items))
+        return _strided([items[i] for i in perm], params.shards)
+    return _plan(items, params.shards)
+
+
+def _sample(items: list[dict[str, Any]], params: MigrateParams) -> list[dict[str, Any]]:
+    """The transform's sample: ``sample_size`` listed items drawn with the job's seed."""
+    k = params.sample_size(len(items))
+    chosen = np.random.default_rng(params.seed).permutation(len(items))[:k]
+    return [items[i] for i in sorted(chosen.tolist())]
+
+
+def _plan_after_transform(gateway: GatewayPort, job: Job) -> list[int]:
+    """The backfill shards of a transformed migration: the listed items in the order the
+    transform shard wrote, strided; their indices (planned once: ``backfill_planned``)."""
+    params = MigrateParams.model_validate(job.params)
+    work = gateway.jobs.work_dir(job.id)
+    listed = {i["id"]: i for i in json.loads((work / LISTING).read_text())}
+    items = [listed[i] for i in read_order(work) if i in listed]
+    planned = _write_shards(gateway, job, _strided(items, params.shards) if items else [[]])
+    gateway.jobs.update(job.id, lambda j: j.merged(result={
+        "backfill_planned": True, "planned_shards": len(j.shards)}))
+    return planned
+
+
 def _write_shards(gateway: GatewayPort, job: Job, shards: list[list[dict[str, Any]]],
                   task: str = "backfill") -> list[int]:
     """Write the shards' item files and add them to the job; their indices."""
@@ -163,31 +229,67 @@ def _write_shards(gateway: GatewayPort, job: Job, shards: list[list[dict[str, An
 # ------------------------------------------------------------------ driving
 async def tick(gateway: GatewayPort) -> list[tuple[str, int]]:
     """The applier's step for migrations (after it applied every spool): drive each
-    backfilling migration, settle the others; the shards to queue."""
+    migration whose backfill is not over (backfilling, or switched progressively while
+    its job runs), settle the others; the shards to queue."""
     queue: list[tuple[str, int]] = []
     for record in await asyncio.to_thread(gateway.registry.galleries):
-        if record.migration is not None and record.migration.state == "backfilling":
+        m = record.migration
+        if m is None:
+            continue
+        if m.state == "backfilling" or await asyncio.to_thread(_backfill_goes_on, gateway, m):
             queue += await drive(gateway, record)
-        elif record.migration is not None:
+        else:
             await settle(gateway, record)
     return queue
 
 
+def _backfill_goes_on(gateway: GatewayPort, m: Migration) -> bool:
+    """A progressive switch happened and the job still runs its backfill."""
+    try:
+        job = gateway.jobs.get(m.job)
+    except NotFound:
+        return False
+    return not job.finished and job.result.get("switched_at_fraction") is not None
+
+
 async def drive(gateway: GatewayPort, record: GalleryRecord) -> list[tuple[str, int]]:
-    """One step of a backfilling migration (the applier calls it after applying the
-    job's spool); the shards to queue. Aborts it when its job failed or was cancelled;
-    switches it when the backfill is complete, the gate passed and auto_switch is on."""
+    """One step of a migration's backfill (the applier calls it after applying the job's
+    spool); the shards to queue. Aborts it when its job failed or was cancelled (after a
+    progressive switch: the backfill stops, the sides stay); plans the backfill once a
+    transform is written; switches progressively when the side has reached the point where
+    it beats the route; at the end, catches up, gates and (if not switched yet and
+    auto_switch is on) switches."""
     m = record.migration
-    assert m is not None and m.state == "backfilling"
+    assert m is not None
     job = await asyncio.to_thread(gateway.jobs.get, m.job)
     if job.status in ("failed", "cancelled") or job.cancel_requested:
-        await abort(gateway, record.name, job.id)
+        if m.state == "backfilling":
+            await abort(gateway, record.name, job.id)
+        elif not job.finished:
+            await asyncio.to_thread(
+                gateway.jobs.finish, job.id, "cancelled",
+                error=f"cancelled after the progressive switch: the backfill stopped; gallery "
+                      f"'{record.name}' keeps its sides as they are (roll back, or retire)")
         return []
     if "planned_shards" not in job.result:
         return []  # its submission is still listing the items and planning the shards
+    params = MigrateParams.model_validate(job.params)
+    work = gateway.jobs.work_dir(job.id)
+    if params.transform and not job.result.get("backfill_planned"):
+        transform = [s for s in job.shards if s.get("task") == "transform"]
+        if job.finished or not transform or transform[-1]["state"] != "done" or pending(work):
+            return []  # the transform runs, or its spool is still being written
+        added = await asyncio.to_thread(_plan_after_transform, gateway, job)
+        return [(job.id, n) for n in added]
+    if (params.switch == "progressive" and m.state == "backfilling"
+            and job.result.get("switched_at_fraction") is None and not pending(work)):
+        await _maybe_switch_progressively(gateway, record, job)
+        record = await asyncio.to_thread(gateway.registry.gallery, record.name)
+        m = record.migration
+        assert m is not None
     if job.finished or any(s["state"] != "done" for s in job.shards):
         return []  # still running, or complete and waiting for the operator's switch
-    if pending(gateway.jobs.work_dir(job.id)):
+    if pending(work):
         return []  # applied at the next tick first
     missing = await asyncio.to_thread(_locked_reconcile, gateway, record.name, m, job)
     listed_all = int(job.result.get("unreadable_count", 0)) <= len(
@@ -201,12 +303,17 @@ async def drive(gateway: GatewayPort, record: GalleryRecord) -> list[tuple[str, 
         added = await asyncio.to_thread(_write_shards, gateway, job, [[]], "gate")
         return [(job.id, n) for n in added]
     outcome: dict[str, Any] = {"missing": [i["id"] for i in missing][:1000],
-                               "missing_count": len(missing), "switched": False}
-    if MigrateParams.model_validate(job.params).auto_switch:
+                               "missing_count": len(missing),
+                               "switched": m.state == "switched"}
+    if m.state != "backfilling":  # switched progressively (and maybe rolled back since)
+        outcome["switch_refused"] = None if m.state == "switched" else (
+            "rolled back by the operator after the progressive switch")
+    elif params.auto_switch:
         try:  # the switch comes first, so a finished job says whether it switched
             await switch(gateway, record.name, by=f"job:{job.id}", backfilled=True,
                          reason="auto_switch: every item has its new vector and the gate passed")
             outcome["switched"] = True
+            outcome["switched_at_fraction"] = 1.0
         except Conflict as exc:  # the gate failed or items are missing: the operator decides
             log.warning("migration of %s not switched: %s", record.name, exc.message)
             outcome["switch_refused"] = exc.message
@@ -215,6 +322,35 @@ async def drive(gateway: GatewayPort, record: GalleryRecord) -> list[tuple[str, 
     await asyncio.to_thread(gateway.jobs.finish, job.id, "succeeded",
                             result=outcome)
     return []
+
+
+def reembedded_fraction(job: Job) -> float:
+    """The share of the listed items whose re-embedded vector the gateway has written."""
+    listed = int(job.result.get("listed", 0))
+    return min(1.0, int(job.result.get("applied", 0)) / listed) if listed else 0.0
+
+
+async def _maybe_switch_progressively(gateway: GatewayPort, record: GalleryRecord,
+                                      job: Job) -> None:
+    """Switch when the fraction re-embedded has reached ``switch_at`` (the validation
+    curve's point from which the side beats the route) and every listed item has a vector
+    on the target side (transformed or re-embedded)."""
+    at = job.result.get("switch_at")
+    fraction = reembedded_fraction(job)
+    if at is None or fraction + 1e-9 < float(at):
+        return
+    reason = (f"progressive: {fraction:.1%} of the items re-embedded, the rest transformed; "
+              f"on the validation set the side beats the route in both directions from "
+              f"{float(at):.0%} of the backfill")
+    try:
+        await switch(gateway, record.name, by=f"job:{job.id}", reason=reason, progressive=True)
+    except Conflict as exc:
+        log.warning("migration of %s: progressive switch deferred: %s", record.name, exc.message)
+        return
+    now = datetime.now(timezone.utc).isoformat()
+    await asyncio.to_thread(gateway.jobs.update, job.id, lambda j: j.merged(result={
+        "switched_at_fraction": round(fraction, 4), "switched_at": now}))
+    log.info("migration of %s switched progressively at %.1f%%", record.name, 100 * fraction)
 
 
 async def settle(gateway: GatewayPort, record: GalleryRecord) -> None:
@@ -239,14 +375,16 @@ def _rounds(job: Job) -> int:
 def _locked_reconcile(gateway: GatewayPort, gallery: str, m: Migration,
                       job: Job) -> list[dict[str, Any]]:
     with gallery_lock(gateway.settings, gallery):
-        return _reconcile(gateway, m, job, skip_unreadable=True)
+        return _reconcile(gateway, m, job, skip_unreadable=True, transformed_missing=True)
 
 
-def _reconcile(gateway: GatewayPort, m: Migration, job: Job,
-               skip_unreadable: bool) -> list[dict[str, Any]]:
+def _reconcile(gateway: GatewayPort, m: Migration, job: Job, skip_unreadable: bool,
+               transformed_missing: bool = False) -> list[dict[str, Any]]:
     """(Under the write lock.) Drop target items the source no longer has (deletes reach
     both sides, so normally none), and list the source items the target lacks; with
-    ``skip_unreadable``, not those a worker could not read (they wait for the operator)."""
+    ``transformed_missing``, also those it holds only transformed (still to re-embed);
+    with ``skip_unreadable``, not those a worker could not read (they wait for the
+    operator)."""
     source = gateway.store.stored(m.source.collection)
     target = gateway.store.stored(m.target.collection)
     extra = [i for i in target if i not in source]
@@ -254,8 +392,10 @@ def _reconcile(gateway: GatewayPort, m: Migration, job: Job,
         gateway.store.delete(m.target.collection, extra)
     unreadable = ({u["id"] for u in job.result.get("unreadable", [])} if skip_unreadable
                   else set())
+    have = {i for i, t in target.items()
+            if not (transformed_missing and (t.made or {}).get("by") == "transform")}
     return [_backfill_item(s) for i, s in sorted(source.items())
-            if i not in target and i not in unreadable]
+            if i not in have and i not in unreadable]
 
 
 async def abort(gateway: GatewayPort, gallery: str, job_id: str) -> None:
@@ -290,13 +430,15 @@ def _locked_end(gateway: GatewayPort, gallery: str, abort: bool) -> Side | None:
 # ------------------------------------------------------------------ operator calls
 async def switch(gateway: GatewayPort, gallery: str, *, by: str, drop: list[str] | None = None,
                  force: bool = False, reason: str | None = None,
-                 backfilled: bool = False) -> GalleryRecord:
+                 backfilled: bool = False, progressive: bool = False) -> GalleryRecord:
     """Switch the gallery to the target side. Conflict while the backfill runs, while any
     item has no new vector (unless ``drop`` lists every such item: they are deleted from
-    both sides), or when the gate did not pass (unless ``force`` with a reason).
-    ``backfilled``: the applier's auto switch, before it ends the job."""
+    both sides), or when the gate did not pass (unless ``force`` with a reason); a
+    transformed vector counts as a new vector. ``backfilled``: the applier's auto switch,
+    before it ends the job. ``progressive``: the applier's switch while the backfill goes
+    on (the validation curve decided it; only the missing-vector check applies)."""
     record = await asyncio.to_thread(_locked_switch, gateway, gallery, by, drop or [], force,
-                                     reason, backfilled)
+                                     reason, backfilled or progressive, progressive)
     assert record.migration is not None
     await asyncio.to_thread(gateway.store.point_alias, gallery, record.migration.target.collection)
     await gateway.runtime.refresh()
@@ -304,10 +446,17 @@ async def switch(gateway: GatewayPort, gallery: str, *, by: str, drop: list[str]
 
 
 def _locked_switch(gateway: GatewayPort, gallery: str, by: str, drop: list[str], force: bool,
-                   reason: str | None, backfilled: bool) -> GalleryRecord:
+                   reason: str | None, backfilled: bool,
+                   progressive: bool = False) -> GalleryRecord:
     record = gateway.registry.gallery(gallery)
     m = require_migration(record, "backfilling", "switch")
     job = gateway.jobs.get(m.job)
+    if progressive:
+        with gallery_lock(gateway.settings, gallery):
+            missing = _reconcile(gateway, m, job, skip_unreadable=False)
+            if missing:
+                raise Conflict(f"{len(missing)} item(s) have no vector on the target side yet")
+            return gateway.registry.switch_migration(gallery, by=by, reason=reason)
     if job.status != "succeeded" and not backfilled:
         view = progress(job)
         raise Conflict(f"the backfill of gallery '{gallery}' is {job.status} ({view['done']}/"
@@ -348,7 +497,15 @@ async def rollback(gateway: GatewayPort, gallery: str, *, by: str,
 
 
 async def retire(gateway: GatewayPort, gallery: str) -> tuple[GalleryRecord, Side]:
-    """End a switched (or rolled back) migration: the side that does not serve is dropped."""
+    """End a switched (or rolled back) migration: the side that does not serve is dropped.
+    Conflict while its backfill still runs (after a progressive switch: the backfill
+    checks each item against the source side)."""
+    record = await asyncio.to_thread(gateway.registry.gallery, gallery)
+    if record.migration is not None and await asyncio.to_thread(
+            _backfill_goes_on, gateway, record.migration):
+        raise Conflict(f"the backfill of gallery '{gallery}' still runs after its progressive "
+                       f"switch (job {record.migration.job}); retire when the job has "
+                       f"finished, or cancel the job first")
     dropped = await asyncio.to_thread(_locked_end, gateway, gallery, False)
     assert dropped is not None
     await gateway.runtime.refresh()
@@ -387,25 +544,57 @@ def job_progress(job: Job) -> dict[str, Any]:
 
 
 def progress(job: Job) -> dict[str, Any]:
-    """done/total over the backfill shards, items/s since the job started, ETA, stage."""
-    backfill = [s for s in job.shards if s.get("task", "backfill") == "backfill"]
-    done = sum(int(s.get("done", 0)) for s in backfill)
-    total = sum(int(s.get("total", 0)) for s in backfill)
+    """done/total over the items to re-embed (a transform's sample, then the backfill
+    shards), items/s since the job started, ETA, stage; the fraction re-embedded (what
+    the gateway has written); with a transform: what it did, the validation curve, the
+    share of the gain it estimates at the current fraction, where it switches (or did)."""
+    embedding = [s for s in job.shards if s.get("task", "backfill") in ("backfill", "transform")]
+    done = sum(int(s.get("done", 0)) for s in embedding)
+    total = sum(int(s.get("total", 0)) for s in embedding)
+    params = MigrateParams.model_validate(job.params)
+    if params.transform and not job.result.get("backfill_planned"):
+        total = max(total, int(job.result.get("listed", 0)))  # the backfill is not planned yet
     rate = None
     if job.started_at and done:
         end = datetime.fromisoformat(job.ended_at) if job.ended_at else datetime.now(timezone.utc)
         rate = done / max((end - datetime.fromisoformat(job.started_at)).total_seconds(), 1e-6)
     eta = (total - done) / rate if rate else None
     gate = [s for s in job.shards if s.get("task") == "gate"]
-    stage = ("backfill" if any(s["state"] != "done" for s in backfill) else
+    transform = [s for s in job.shards if s.get("task") == "transform"]
+    stage = ("transform" if transform and transform[-1]["state"] != "done" else
+             "backfill" if any(s["state"] != "done" for s in embedding) or (
+                 params.transform and not job.result.get("backfill_planned")) else
              "gate" if not gate or gate[-1]["state"] != "done" else
              "done" if job.finished else "applying")
-    return {"stage": stage, "done": done, "total": total,
-            "items_per_s": round(rate, 2) if rate else None,
-            "eta_s": round(eta, 1) if eta is not None else None,
-            "applied": int(job.result.get("applied", 0)),
-            "unreadable": int(job.result.get("unreadable_count",
-                                             len(job.result.get("unreadable", []))))}
+    fraction = reembedded_fraction(job)
+    out = {"stage": stage, "done": done, "total": total,
+           "items_per_s": round(rate, 2) if rate else None,
+           "eta_s": round(eta, 1) if eta is not None else None,
+           "applied": int(job.result.get("applied", 0)),
+           "unreadable": int(job.result.get("unreadable_count",
+                                            len(job.result.get("unreadable", [])))),
+           "fraction": round(fraction, 4), "order": params.order, "switch": params.switch,
+           "transformed": int(job.result.get("transformed", 0)),
+           "switch_at": job.result.get("switch_at"),
+           "switched_at_fraction": job.result.get("switched_at_fraction"),
+           "switched_at": job.result.get("switched_at")}
+    if params.transform:
+        curve = job.result.get("curve")
+        out.update({"transform": job.result.get("transform"), "curve": curve,
+                    "routed": job.result.get("routed"),
+                    "share_estimate": _estimate(curve, fraction)})
+    return out
+
+
+def _estimate(curve: list[dict[str, Any]] | None, fraction: float) -> dict[str, Any] | None:
+    """The validation curve's share of the gain at the last point at or below
+    ``fraction`` (what the side as it stands is estimated to deliver)."""
+    if not curve:
+        return None
+    point = max((p for p in curve if p["fraction"] <= fraction + 1e-9),
+                key=lambda p: p["fraction"], default=curve[0])
+    return {"fraction": point["fraction"],
+            **{d: point[d]["share"] for d in ("t2i", "i2t") if d in point}}
 
 
 def _gate_summary(gate: dict[str, Any]) -> str:

@@ -1,8 +1,10 @@
 """Gallery storage in Qdrant. A gallery is an alias (its name) onto a collection with two
 named vectors, ``image`` and ``text``; an item is one point holding the vectors it has.
-Every point's payload records the item id, the version that embedded it, the space, the
-item's origin (what a re-embedding reads: its text, where its image is) and an etag that
-changes with every write (a backfill writes an item only if it is still the one it read).
+Every point's payload records the item id, the version that embedded it, the space, how
+its vectors were made (``made``: embedded by that version, or transformed from another
+version's vectors by a migration's map), the item's origin (what a re-embedding reads:
+its text, where its image is) and an etag that changes with every write (a backfill
+writes an item only if it is still the one it read).
 
 A migrating gallery has a second collection (its other side, ``create_side``); every
 method takes a collection name, and a gallery's name (its alias) works as one.
@@ -40,6 +42,9 @@ class Item:
     payload: Mapping[str, Any] | None = None
     origin: Mapping[str, Any] | None = None  # {"text": str, "image": uri}: what was embedded
     etag: str | None = None  # None: a new one (a fresh write)
+    # How the vectors were made: {"by": "embed", "version"} (default) or {"by":
+    # "transform", "version", "map", "from_version"} (a migration's gallery-side transform)
+    made: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,7 @@ class Stored:
     payload: dict[str, Any]
     kinds: tuple[str, ...]
     version: str | None = None  # the version that embedded it
+    made: dict[str, Any] | None = None  # how its vectors were made (``Item.made``)
 
 
 @dataclass(frozen=True)
@@ -249,6 +255,24 @@ class GalleryStore:
             if offset is None:
                 return out
 
+    def scan_vectors(self, collection: str, page: int = 1000,
+                     ) -> Iterator[tuple[list[str], dict[str, dict[int, np.ndarray]]]]:
+        """Every stored item's vectors, a page at a time: (item ids, kind -> {row in the
+        page: [D]}) (a migration's transform reads the whole side once)."""
+        offset = None
+        while True:
+            with self._call(collection):
+                points, offset = self.client.scroll(collection, limit=page, offset=offset,
+                                                    with_payload=["item_id"], with_vectors=True)
+            ids = [str((p.payload or {}).get("item_id")) for p in points]
+            vectors: dict[str, dict[int, np.ndarray]] = {k: {} for k in KINDS}
+            for row, p in enumerate(points):
+                for kind, v in (p.vector or {}).items():  # type: ignore[union-attr]
+                    vectors[kind][row] = np.asarray(v, dtype=np.float32)
+            yield ids, vectors
+            if offset is None:
+                return
+
     def points(self, gallery: str, page: int = 1000) -> list[tuple[str, dict[str, Any]]]:
         """(item id, caller payload) of every stored item, without vectors."""
         return [(item.id, item.payload) for item in self.stored(gallery, page=page).values()]
@@ -291,7 +315,8 @@ def payload_filter(where: Where | None) -> models.Filter | None:
 def _point(item: Item, version: str, space: str) -> models.PointStruct:
     payload = {"item_id": item.id, "version": version, "space": space,
                "kinds": sorted(item.vectors), "payload": dict(item.payload or {}),
-               "origin": dict(item.origin or {}), "etag": item.etag or uuid.uuid4().hex}
+               "origin": dict(item.origin or {}), "etag": item.etag or uuid.uuid4().hex,
+               "made": dict(item.made or {"by": "embed", "version": version})}
     vectors = {kind: v.astype(np.float32).tolist() for kind, v in item.vectors.items()}
     return models.PointStruct(id=point_id(item.id), vector=vectors, payload=payload)
 
@@ -300,7 +325,8 @@ def _stored(point: models.Record) -> Stored:
     payload = point.payload or {}
     return Stored(str(payload.get("item_id")), payload.get("etag"),
                   dict(payload.get("origin") or {}), dict(payload.get("payload") or {}),
-                  tuple(payload.get("kinds") or ()), payload.get("version"))
+                  tuple(payload.get("kinds") or ()), payload.get("version"),
+                  dict(payload.get("made") or {}) or None)
 
 
 def _hit(point: models.ScoredPoint) -> Hit:

@@ -253,8 +253,10 @@ class JobStore:
         return self.update(job_id, change)
 
     def finish_shard(self, job_id: str, index: int, state: str, error: str | None = None,
-                     gate: dict[str, Any] | None = None) -> Job:
-        """A shard ends: ``done``, ``cancelled``, or ``failed`` (then the job fails)."""
+                     gate: dict[str, Any] | None = None,
+                     result: dict[str, Any] | None = None) -> Job:
+        """A shard ends: ``done``, ``cancelled``, or ``failed`` (then the job fails);
+        ``result`` (a done shard's findings) is merged into the job's result."""
         def change(job: Job) -> Job:
             if job.finished:
                 return job
@@ -264,7 +266,8 @@ class JobStore:
             if state == "failed":
                 return replace(job, shards=shards, status="failed", ended_at=utc_now(),
                                error=f"shard {index}: {error}")
-            return replace(job, shards=shards, gate=gate if gate is not None else job.gate)
+            return replace(job, shards=shards, gate=gate if gate is not None else job.gate,
+                           result={**job.result, **(result or {})})
         return self.update(job_id, change)
 
     def reap_shards(self, stale_after_s: float, worker: str | None = None,

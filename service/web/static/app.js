@@ -22,6 +22,7 @@ const state = {
   openJob: null,    // job shown in the jobs detail panel
   migrations: {},   // gallery -> GET .../migration, for galleries with an open migration
   migrationForms: {},  // gallery -> {reason, force, drop} typed in its panel
+  migrateForms: {},   // gallery -> {transform, order, switch, sample} of a new migration
   swapForms: {},    // version -> {gallery, reason, force} typed in its promote form
   shown: {galleries: "", migrations: ""},  // what was last drawn (redraw only on change)
   pollTimer: null,
@@ -346,11 +347,17 @@ async function loadMigrations(galleries) {
   return out;
 }
 
+/** A migration whose numbers still move: backfilling, or switched progressively while
+ * its job goes on backfilling. */
+const JOB_GOING = new Set(["queued", "running", "applying"]);
+const moving = (m) => m.state === "backfilling" ||
+  (m.state === "switched" && JOB_GOING.has(m.job_status));
+
 /** While a migration backfills, redraw the galleries and migrations every POLL_MS (the
  * rest of the models tab, where a person may be typing, stays as it is). */
 function pollMigrations() {
   clearTimeout(state.pollTimer);
-  const backfilling = Object.values(state.migrations).some((m) => m.state === "backfilling");
+  const backfilling = Object.values(state.migrations).some(moving);
   if (state.tab !== "models" || !backfilling) return;
   const run = state.pollRun;
   state.pollTimer = setTimeout(async () => {
@@ -394,7 +401,7 @@ function renderGalleries() {
   if (tableKey !== state.shown.galleries) {
     state.shown.galleries = tableKey;
     $("galleries").replaceChildren(galleriesTable(state.galleries,
-      {versions: state.versions, onMigrate: startMigration}));
+      {versions: state.versions, onMigrate: startMigration, migrateForms: state.migrateForms}));
   }
   const migrationsKey = JSON.stringify(state.migrations);
   if (migrationsKey !== state.shown.migrations) {
@@ -411,11 +418,13 @@ function migrationPath(gallery, action = "") {
   return `/v1/galleries/${enc(gallery)}/migration${action ? `/${action}` : ""}`;
 }
 
-/** Start a migration of the gallery into its active version's native space. */
-async function startMigration(gallery) {
+/** Start a migration of the gallery into its active version's native space, with the
+ * options of its row (``migrationBody``: only what was set). */
+async function startMigration(gallery, body = {}) {
   setStatus("models-status", `Starting the migration of ${gallery}…`);
   await guarded("models-status", async () => {
-    const job = await api(migrationPath(gallery), {method: "POST", json: {}});
+    const job = await api(migrationPath(gallery), {method: "POST", json: body});
+    delete state.migrateForms[gallery];
     setStatus("models-status", `Started migration job ${job.id} of ${gallery}.`, "ok");
   });
   await loadModels(true);

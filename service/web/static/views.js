@@ -129,14 +129,16 @@ export function canMigrate(gallery, versions) {
 
 /** Galleries: space, active version, what this replica serves, an open migration (state
  * and its spaces) and, where it applies, a "Start migration" button (``onMigrate``). */
-export function galleriesTable(galleries, {versions = [], onMigrate = null} = {}) {
+export function galleriesTable(galleries, {versions = [], onMigrate = null,
+  migrateForms = {}} = {}) {
   if (!galleries.length) return el("p", {class: "muted"}, "No galleries yet.");
   const rows = galleries.map((g) => el("tr", {"data-gallery": g.name},
     el("td", {}, el("strong", {}, g.name)),
     el("td", {class: "space"}, g.space),
     el("td", {class: "active-version"}, badge(g.active, "active")),
     el("td", {}, servingText(g.serving)),
-    el("td", {class: "migration-cell"}, migrationCell(g, versions, onMigrate)),
+    el("td", {class: "migration-cell"}, migrationCell(g, versions, onMigrate,
+      migrateForms)),
     el("td", {class: "small"}, lastEvent(g.history))));
   return el("table", {class: "data"},
     el("thead", {}, el("tr", {}, ["gallery", "space", "active", "this replica serves",
@@ -144,7 +146,7 @@ export function galleriesTable(galleries, {versions = [], onMigrate = null} = {}
     el("tbody", {}, rows));
 }
 
-function migrationCell(g, versions, onMigrate) {
+function migrationCell(g, versions, onMigrate, migrateForms = {}) {
   const m = isObject(g.migration) ? g.migration : null;
   if (m) {
     return [migrationBadge(m.state), el("div", {class: "small muted"},
@@ -152,11 +154,79 @@ function migrationCell(g, versions, onMigrate) {
   }
   if (!canMigrate(g, versions)) return el("span", {class: "muted small"}, "–");
   const native = nativeSpace(versions, g.active);
+  if (!migrateForms[g.name]) migrateForms[g.name] = {};
+  const form = migrateForms[g.name];
   return el("div", {class: "actions"},
     el("div", {class: "small muted"}, `${g.active} is native to ${native}`),
-    onMigrate ? el("button", {type: "button", class: "primary", "data-action": "migrate",
-      onclick: () => onMigrate(g.name)}, `Migrate to ${native}`) : null);
+    onMigrate ? [migrationOptions(form),
+      el("button", {type: "button", class: "primary", "data-action": "migrate",
+        onclick: () => onMigrate(g.name, migrationBody(form))}, `Migrate to ${native}`)]
+      : null);
 }
+
+/** The options of a new migration (``form`` keeps them across redraws): a transform
+ * first, the backfill order, when to switch, the transform's sample, the validation set
+ * (the gate's, and the transform's curve; default the gallery's). A learned order and
+ * a progressive switch work on the transformed side, so they are offered only with it. */
+function migrationOptions(form) {
+  const transform = el("input", {type: "checkbox", name: "transform"});
+  transform.checked = Boolean(form.transform);
+  const option = (value, label, needsTransform = false) => el("option", {value,
+    "data-needs-transform": needsTransform ? "1" : null}, label);
+  const order = el("select", {name: "order"}, option("id", "by id"),
+    option("random", "random"), option("learned", "learned (worst first)", true));
+  const switchAt = el("select", {name: "switch"}, option("end", "at the end"),
+    option("progressive", "progressive", true));
+  const sample = el("input", {type: "number", name: "sample", min: 8, step: 1,
+    max: 1000000,
+    placeholder: "2% of items", value: form.sample ?? ""});
+  const validation = el("input", {name: "validation", placeholder: "the gallery's",
+    spellcheck: "false", value: form.validation ?? "",
+    oninput: () => { form.validation = validation.value; }});
+  const sync = () => {
+    for (const select of [order, switchAt]) {
+      for (const o of select.options) o.disabled = !transform.checked && !!o.dataset.needsTransform;
+      if (select.selectedOptions[0]?.disabled) select.value = select.options[0].value;
+    }
+    sample.disabled = !transform.checked;
+    form.transform = transform.checked;
+    form.order = order.value;
+    form.switch = switchAt.value;
+    form.sample = sample.value;
+  };
+  order.value = form.order ?? "id";
+  switchAt.value = form.switch ?? "end";
+  for (const input of [transform, order, switchAt]) input.addEventListener("change", sync);
+  sample.addEventListener("input", sync);
+  sync();
+  return el("details", {class: "migrate-options small", open: form.open ? true : null,
+    ontoggle: (event) => { form.open = event.target.open; }},
+  el("summary", {}, "options"),
+  el("label", {class: "check"}, transform, " transform first"),
+  el("label", {}, "order ", order),
+  el("label", {}, "switch ", switchAt),
+  el("label", {}, "sample ", sample),
+  el("label", {}, "validation set ", validation));
+}
+
+// MIGRATION BODY (tests/test_web_form.py runs this function under node)
+/** The POST .../migration body of the options: only what the person set, and never a
+ * combination the API refuses (learned / progressive / sample need the transform). */
+export function migrationBody(form = {}) {
+  const transform = Boolean(form.transform);
+  const body = {};
+  if (transform) body.transform = true;
+  if (form.order === "random" || (transform && form.order === "learned")) body.order = form.order;
+  if (transform && form.switch === "progressive") body.switch = "progressive";
+  const sample = Number.parseInt(String(form.sample ?? ""), 10);
+  if (transform && Number.isFinite(sample) && sample >= 8 && sample <= 1000000) {
+    body.sample = sample;
+  }
+  const validation = String(form.validation ?? "").trim();
+  if (validation) body.validation = validation;
+  return body;
+}
+// END MIGRATION BODY
 
 export function migrationBadge(state) {
   const kind = {backfilling: "run", switched: "ok", rolled_back: "none"}[state] || "";
@@ -427,7 +497,8 @@ export function migrationActions(view) {
     switch: view?.state === "backfilling" && view?.job_status === "succeeded" &&
       result.switched !== true,
     rollback: view?.state === "switched",
-    retire: view?.state === "switched" || view?.state === "rolled_back",
+    // A progressive switch leaves the job backfilling: retire waits for it to end.
+    retire: (view?.state === "switched" || view?.state === "rolled_back") && !running,
   };
 }
 
@@ -465,6 +536,7 @@ export function migrationPanel(view, on, form = {}) {
     el("dl", {class: "facts migration-progress"}, facts.map(([k, v]) => [el("dt", {}, k),
       el("dd", {"data-field": k}, v === null || v === undefined ? "–" : String(v))])),
     migrationGate(view.gate),
+    Array.isArray(p.curve) && p.curve.length ? migrationCurve(p, view) : null,
     result.switch_refused ? el("p", {class: "bad-text small", "data-field": "switch-refused"},
       `not switched: ${result.switch_refused}`) : null,
     unreadable.length ? el("details", {class: "small"},
@@ -472,6 +544,145 @@ export function migrationPanel(view, on, form = {}) {
       el("ul", {}, unreadable.slice(0, 20).map((u) => el("li", {},
         el("code", {}, String(u.id)), ` ${u.reason ?? ""}`)))) : null,
     migrationControls(view, actions, on, form, unreadable));
+}
+
+// ------------------------------------------------------------------ migration curve
+
+const SVG_NS = "http://www.w3.org/2000/svg";
+
+/** Build an SVG element (``el`` makes HTML ones): svg("line", {x1: 0, ...}, children). */
+export function svg(tag, attrs = {}, ...children) {
+  const node = document.createElementNS(SVG_NS, tag);
+  for (const [name, value] of Object.entries(attrs || {})) {
+    if (value === undefined || value === null || value === false) continue;
+    node.setAttribute(name, String(value));
+  }
+  appendAll(node, children);
+  return node;
+}
+
+const DIRECTIONS = [["t2i", "text → image"], ["i2t", "image → text"]];
+const CURVE_FLOOR = -0.1;  // shares below are drawn at this floor (and say so in a title)
+const pct = (v) => (isNumber(v) ? `${(100 * v).toFixed(1)}%` : "–");
+
+/** ``{share, se}`` of a curve point or of the route, per direction. */
+function shareOf(entry) {
+  const share = isObject(entry) ? entry.share : undefined;
+  if (isNumber(share)) return {share, se: null};
+  if (isObject(share) && isNumber(share.share)) {
+    return {share: share.share, se: isNumber(share.se) ? share.se : null};
+  }
+  return null;
+}
+
+/** The validation curve of a transform migration: the side's share of the gain (y) as
+ * the backfill goes (x), per direction, the route's share dashed, where the backfill is
+ * now and where the gallery switches (or switched); beside it, the numbers. */
+export function migrationCurve(p, view = {}) {
+  const curve = p.curve.filter((point) => isObject(point) && isNumber(point.fraction));
+  const W = 320;
+  const H = 170;
+  const left = 38;
+  const right = 10;
+  const top = 10;
+  const bottom = 26;
+  const x = (f) => left + Math.min(1, Math.max(0, f)) * (W - left - right);
+  const y = (v) => top + (1 - (Math.min(1, Math.max(CURVE_FLOOR, v)) - CURVE_FLOOR) /
+    (1 - CURVE_FLOOR)) * (H - top - bottom);
+  const routed = isObject(p.routed) ? p.routed : {};
+  const parts = [];
+  for (const v of [0, 0.25, 0.5, 0.75, 1]) {  // grid and axis labels
+    parts.push(svg("line", {class: "grid", x1: left, x2: W - right, y1: y(v), y2: y(v)}),
+      svg("text", {class: "tick", x: left - 4, y: y(v) + 3, "text-anchor": "end"}, `${v * 100}%`));
+  }
+  for (const f of [0, 0.5, 1]) {
+    parts.push(svg("text", {class: "tick", x: x(f), y: H - bottom + 12, "text-anchor": "middle"},
+      `${f * 100}%`));
+  }
+  parts.push(svg("text", {class: "tick", x: (left + W - right) / 2, y: H - 3,
+    "text-anchor": "middle"}, "share of the backfill done"));
+  let drawn = 0;
+  for (const [d, label] of DIRECTIONS) {
+    const route = shareOf(routed[d]);
+    if (route) {
+      parts.push(svg("line", {class: `routed routed-${d}`, "data-direction": d, x1: left,
+        x2: W - right, y1: y(route.share), y2: y(route.share)},
+      svg("title", {}, `${label}: the route's share ${pct(route.share)}`)));
+    }
+    const points = curve.map((point) => [point.fraction, shareOf(point[d])])
+      .filter(([, s]) => s !== null);
+    if (!points.length) continue;
+    drawn += 1;
+    parts.push(svg("polyline", {class: `line line-${d}`, "data-direction": d,
+      "data-points": points.length, fill: "none",
+      points: points.map(([f, s]) => `${x(f).toFixed(1)},${y(s.share).toFixed(1)}`).join(" ")},
+    svg("title", {}, `${label}: share of the gain on the validation set` +
+      (points.some(([, s]) => s.share < CURVE_FLOOR) ? ` (below ${pct(CURVE_FLOOR)} drawn at it)`
+        : ""))));
+  }
+  const fraction = isNumber(p.fraction) ? p.fraction : null;
+  const switched = isNumber(p.switched_at_fraction) ? p.switched_at_fraction : null;
+  const planned = isNumber(p.switch_at) ? p.switch_at : null;
+  const marker = (f, kind, label) => svg("g", {class: `marker ${kind}`, "data-fraction": f},
+    svg("line", {x1: x(f), x2: x(f), y1: top, y2: H - bottom}),
+    svg("text", {x: f > 0.85 ? x(f) - 3 : x(f) + 3, y: top + (kind === "now" ? 9 : 20),
+      "text-anchor": f > 0.85 ? "end" : "start"}, label),
+    svg("title", {}, `${label} at ${pct(f)}`));
+  if (switched !== null) parts.push(marker(switched, "switched", "switched"));
+  else if (planned !== null) parts.push(marker(planned, "planned", "switch"));
+  if (fraction !== null) parts.push(marker(fraction, "now", "now"));
+  parts.push(svg("line", {class: "axis", x1: left, x2: left, y1: top, y2: H - bottom}),
+    svg("line", {class: "axis", x1: left, x2: W - right, y1: y(0), y2: y(0)}));
+  if (!drawn) {  // a share needs NEW better than OLD on the validation set
+    parts.push(svg("text", {class: "tick no-share", x: (left + W - right) / 2, y: y(0.5),
+      "text-anchor": "middle"}, "no share of the gain: on the validation set"),
+    svg("text", {class: "tick no-share", x: (left + W - right) / 2, y: y(0.5) + 11,
+      "text-anchor": "middle"}, "the new version is no better than the old"));
+  }
+  const chart = svg("svg", {class: "migration-curve", id: `migration-curve-${view.gallery ?? ""}`,
+    viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img",
+    "aria-label": "share of the gain against the share of the backfill done",
+    "data-points": curve.length, "data-lines": drawn, "data-fraction": fraction ?? "",
+    "data-switch-at": planned ?? "", "data-switched-at": switched ?? ""}, parts);
+  return el("div", {class: "migration-curve-box"}, chart, curveFacts(p));
+}
+
+function curveFacts(p) {
+  const estimate = isObject(p.share_estimate) ? p.share_estimate : {};
+  const now = DIRECTIONS.map(([d]) => {
+    const s = shareOf(estimate[d]);
+    return s ? `${d} ${pct(s.share)}${s.se !== null ? ` ± ${pct(s.se)}` : ""}` : `${d} –`;
+  }).join(", ");
+  const routed = isObject(p.routed) ? p.routed : {};
+  const route = DIRECTIONS.map(([d]) => `${d} ${pct(shareOf(routed[d])?.share)}`).join(", ");
+  let switchText;
+  if (isNumber(p.switched_at_fraction)) {
+    switchText = `switched at ${pct(p.switched_at_fraction)}` +
+      (p.switched_at ? ` (${p.switched_at})` : "");
+  } else if (isNumber(p.switch_at)) {
+    switchText = p.switch === "progressive" ? `switches at ${pct(p.switch_at)}`
+      : `the side beats the route from ${pct(p.switch_at)} (switch: ${p.switch ?? "end"})`;
+  } else {
+    switchText = "no progressive switch (the side never beats the route on validation)";
+  }
+  const transform = isObject(p.transform) ? p.transform : {};
+  const facts = [
+    ["re-embedded", pct(p.fraction)],
+    ["transformed", isNumber(p.transformed) ? String(p.transformed) : "–"],
+    ["share now", now],
+    ["route's share", route],
+    ["order", p.order ?? "–"],
+    ["map", transform.method ? `${transform.method}` +
+      (isNumber(transform.sample) ? `, sample ${transform.sample}` : "") : "–"],
+  ];
+  return el("div", {class: "curve-facts small"},
+    el("dl", {class: "facts"}, facts.map(([k, v]) => [el("dt", {}, k),
+      el("dd", {"data-field": k}, v)])),
+    el("p", {"data-field": "switch-plan"}, switchText),
+    el("p", {class: "legend muted"},
+      el("span", {class: "swatch-line swatch-t2i"}), " t2i ",
+      el("span", {class: "swatch-line swatch-i2t"}),
+      " i2t · dashed: the route · share of the gain on the validation set"));
 }
 
 function migrationGate(gate) {

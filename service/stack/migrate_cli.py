@@ -1,0 +1,253 @@
+"""``nobackfill migrate``: a gallery's managed migration from the shell, through the
+gateway's HTTP API (POST/GET /v1/galleries/{gallery}/migration and its actions), with the
+standard library only (``urllib.request``), so it runs wherever the package is installed.
+
+    nobackfill migrate start --gallery demo --transform --order learned --switch progressive
+    nobackfill migrate status --gallery demo [--json]
+    nobackfill migrate switch|rollback|retire|cancel --gallery demo
+
+The gateway is ``--gateway`` (default ``$NOBACKFILL_GATEWAY``, else http://127.0.0.1:8000)
+and the admin key ``--key`` (default ``$NOBACKFILL_API_KEY``). An error answer of the
+gateway is printed with its status and message (``{"error": {"code", "message"}}``) and
+the command exits with 1."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+DEFAULT_GATEWAY = "http://127.0.0.1:8000"
+ACTIONS = ("start", "status", "switch", "rollback", "retire", "cancel")
+
+
+class GatewayError(Exception):
+    """A non-2xx answer of the gateway (or no answer at all: status 0)."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(f"{status} {code}: {message}" if status else message)
+        self.status, self.code, self.message = status, code, message
+
+
+def call(gateway: str, method: str, path: str, key: str | None = None,
+         body: dict[str, Any] | None = None, timeout: float = 60) -> Any:
+    """One request; the answer's JSON (None when empty). Raises ``GatewayError``."""
+    headers = {"Accept": "application/json"}
+    if key:
+        headers["X-API-Key"] = key
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
+    request = urllib.request.Request(gateway.rstrip("/") + path, data=data, method=method,
+                                     headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            text = response.read().decode()
+    except urllib.error.HTTPError as exc:
+        raw = exc.read().decode(errors="replace")
+        try:
+            error = json.loads(raw).get("error") or {}
+        except (ValueError, AttributeError):
+            error = {}
+        if not isinstance(error, dict):
+            error = {}
+        raise GatewayError(exc.code, str(error.get("code") or "http_error"),
+                           str(error.get("message") or raw.strip() or exc.reason)) from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise GatewayError(0, "unreachable", f"cannot reach the gateway at {gateway}: "
+                                             f"{reason}") from None
+    return json.loads(text) if text.strip() else None
+
+
+def migration_path(gallery: str, action: str = "") -> str:
+    base = f"/v1/galleries/{urllib.parse.quote(gallery, safe='')}/migration"
+    return f"{base}/{action}" if action else base
+
+
+def start_body(args: argparse.Namespace) -> dict[str, Any]:
+    """The POST body of ``start``: only what was given, so the server's defaults apply."""
+    body: dict[str, Any] = {}
+    for name in ("shards", "batch_size", "rate_limit", "order", "switch", "sample",
+                 "validation", "seed"):
+        value = getattr(args, name, None)
+        if value is not None:
+            body[name] = value
+    if args.transform:
+        body["transform"] = True
+    if args.method:
+        body["transform_config"] = {"method": args.method}
+    if args.no_auto_switch:
+        body["auto_switch"] = False
+    return body
+
+
+# ------------------------------------------------------------------ status table
+def _pct(value: Any) -> str:
+    return f"{100 * value:.1f}%" if isinstance(value, int | float) else "–"
+
+
+def _share(point: Any) -> str:
+    """``{share, se}`` (or a bare number) as "37.0% ± 4.1%"."""
+    if isinstance(point, dict) and "share" in point:
+        se = point.get("se")
+        return _pct(point.get("share")) + (f" ± {_pct(se)}" if isinstance(se, int | float)
+                                           else "")
+    return _pct(point)
+
+
+def _estimate(estimate: Any) -> str:
+    if not isinstance(estimate, dict):
+        return "–"
+    parts = []
+    for direction in ("t2i", "i2t"):
+        d = estimate.get(direction)
+        share = d.get("share") if isinstance(d, dict) else None
+        parts.append(f"{direction} {_share(share)}")
+    return ", ".join(parts) + f" (curve at {_pct(estimate.get('fraction'))})"
+
+
+def status_rows(view: dict[str, Any]) -> list[tuple[str, str]]:
+    """GET .../migration as (field, value) rows."""
+    p = view.get("progress") if isinstance(view.get("progress"), dict) else {}
+    source, target = view.get("source") or {}, view.get("target") or {}
+
+    def text(value: Any) -> str:
+        return "–" if value is None else str(value)
+
+    switched = p.get("switched_at_fraction")
+    if switched is not None:
+        switch = f"switched at {_pct(switched)} ({text(p.get('switched_at'))})"
+    elif p.get("switch_at") is not None:
+        switch = f"switches at {_pct(p.get('switch_at'))}"
+    elif p.get("switch") == "progressive":
+        switch = "no progressive switch (the side never beats the route on validation)"
+    else:
+        switch = "at the end" if view.get("state") == "backfilling" else "–"
+    transform = p.get("transform") if isinstance(p.get("transform"), dict) else None
+    rows = [("gallery", text(view.get("gallery"))), ("state", text(view.get("state"))),
+            ("job", f"{text(view.get('job'))} ({text(view.get('job_status'))})"),
+            ("sides", (f"{text(source.get('space'))} -> {text(target.get('space'))} "
+                      f"with {text(view.get('version'))}")),
+            ("serving space", text(view.get("serving_space"))),
+            ("stage", text(p.get("stage"))),
+            ("done", f"{text(p.get('done'))}/{text(p.get('total'))}"),
+            ("fraction", _pct(p.get("fraction"))),
+            ("order", text(p.get("order"))), ("switch mode", text(p.get("switch"))),
+            ("transformed", text(p.get("transformed"))),
+            ("switch", switch)]
+    if transform is not None:
+        rows.append(("transform", (f"{text(transform.get('method'))}, sample "
+                                  f"{text(transform.get('sample'))}")))
+    if "share_estimate" in p:
+        rows.append(("share now", _estimate(p.get("share_estimate"))))
+    if isinstance(p.get("items_per_s"), int | float):
+        rows.append(("items/s", f"{p['items_per_s']:.1f}"))
+    if isinstance(p.get("eta_s"), int | float):
+        rows.append(("eta", f"{p['eta_s']:.0f} s"))
+    result = view.get("result") if isinstance(view.get("result"), dict) else {}
+    if result.get("switch_refused"):
+        rows.append(("not switched", str(result["switch_refused"])))
+    return rows
+
+
+def table(rows: list[tuple[str, str]]) -> str:
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+# ------------------------------------------------------------------ commands
+def run(args: argparse.Namespace, out: Any = None) -> int:
+    """One action; prints to ``out`` (stdout) and errors to stderr; the exit code."""
+    out = out or sys.stdout
+    gateway, key, gallery = args.gateway, args.key, args.gallery
+    try:
+        if args.action == "start":
+            answer = call(gateway, "POST", migration_path(gallery), key, start_body(args))
+            if args.json:
+                print(json.dumps(answer, indent=2), file=out)
+            else:
+                print(f"started migration job {answer.get('id')} of {gallery} "
+                      f"({answer.get('status')})", file=out)
+            return 0
+        if args.action == "status":
+            view = call(gateway, "GET", migration_path(gallery), key)
+        elif args.action == "switch":
+            view = call(gateway, "POST", migration_path(gallery, "switch"), key,
+                        {"drop": args.drop, "force": args.force, "reason": args.reason})
+        elif args.action == "rollback":
+            view = call(gateway, "POST", migration_path(gallery, "rollback"), key,
+                        {"reason": args.reason})
+        elif args.action == "retire":
+            answer = call(gateway, "POST", migration_path(gallery, "retire"), key)
+            if args.json:
+                print(json.dumps(answer, indent=2), file=out)
+            else:
+                print(f"retired: the {answer['dropped']['space']} side of {gallery} was "
+                      f"deleted; it serves in space {answer['space']}", file=out)
+            return 0
+        else:  # cancel
+            call(gateway, "POST", migration_path(gallery, "cancel"), key)
+            print(f"cancelled the migration of {gallery}: its new side is dropped", file=out)
+            return 0
+    except GatewayError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(view, indent=2), file=out)
+    else:
+        print(table(status_rows(view)), file=out)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction, name: str) -> None:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--gallery", required=True)
+    common.add_argument("--gateway", default=os.environ.get("NOBACKFILL_GATEWAY",
+                                                            DEFAULT_GATEWAY),
+                        help="the gateway's URL (default $NOBACKFILL_GATEWAY or "
+                             f"{DEFAULT_GATEWAY})")
+    common.add_argument("--key", default=os.environ.get("NOBACKFILL_API_KEY"),
+                        help="an admin API key (default $NOBACKFILL_API_KEY)")
+    common.add_argument("--json", action="store_true", help="print the gateway's JSON")
+    p = sub.add_parser(name, help="start, watch, switch, roll back, retire or cancel a "
+                                  "gallery's managed migration through the gateway",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    start = actions.add_parser("start", parents=[common], help="start a migration into the "
+                               "active version's native space")
+    start.add_argument("--shards", type=int)
+    start.add_argument("--batch-size", type=int)
+    start.add_argument("--rate-limit", type=float, help="items/s over all shards (0: none)")
+    start.add_argument("--transform", action="store_true", help="first fill the new side "
+                       "with the stored vectors mapped into the new space")
+    start.add_argument("--order", choices=("id", "random", "learned"),
+                       help="backfill order (learned needs --transform)")
+    start.add_argument("--switch", choices=("end", "progressive"),
+                       help="when to switch (progressive needs --transform)")
+    start.add_argument("--sample", type=int, help="items the new version embeds to fit the "
+                                                  "map (default 2%% of the gallery)")
+    start.add_argument("--method", choices=("procrustes", "affine", "residual-mlp"),
+                       help="the transform's map (transform_config.method)")
+    start.add_argument("--validation", help="validation data (default: the gallery's)")
+    start.add_argument("--seed", type=int)
+    start.add_argument("--no-auto-switch", action="store_true",
+                       help="do not switch by itself at the end")
+    actions.add_parser("status", parents=[common], help="the migration's progress")
+    switch = actions.add_parser("switch", parents=[common], help="switch to the new side")
+    switch.add_argument("--force", action="store_true", help="skip the gate (needs --reason)")
+    switch.add_argument("--reason")
+    switch.add_argument("--drop", nargs="*", default=[], metavar="ID",
+                        help="items without a new vector to delete from both sides")
+    rollback = actions.add_parser("rollback", parents=[common], help="serve the old side again")
+    rollback.add_argument("--reason")
+    actions.add_parser("retire", parents=[common], help="delete the side that does not serve")
+    actions.add_parser("cancel", parents=[common], help="stop the migration before the "
+                                                        "switch; its new side is dropped")
+    p.set_defaults(func=run)
