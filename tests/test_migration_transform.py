@@ -146,6 +146,10 @@ def test_a_progressive_switch_happens_when_the_side_beats_the_route(
             assert first[d]["side"] > p["routed"][d]["R@1"]
         assert p["share_estimate"] is not None
         assert search(client, text="a red circle")["space"] == "v3"
+        both = search(client, text="a red circle", hybrid=True)  # scored by both sides
+        assert both["route"] == "hybrid" and both["space"] == "v3" and len(both["hits"]) == 5
+        scores = [h["score"] for h in both["hits"]]
+        assert scores == sorted(scores, reverse=True) and all(-2 <= x <= 2 for x in scores)
         # Retire would drop the side the backfill checks against: refused while it runs;
         # rollback stays one call.
         r = client.post("/v1/galleries/shapes/migration/retire", headers=ADMIN)

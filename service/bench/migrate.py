@@ -14,6 +14,10 @@ route of ``bench upgrade``), which is promoted. Then:
 3. Text search p50 and QPS at ``--clients`` clients, idle, then during run B: a migration
    with the rate limit on (target: p50 <= 2x idle). Run B's worker is killed twice (SIGKILL,
    then restarted); afterwards every item must be in the new side exactly once.
+   With ``--transform``, run B is a migration with the gallery-side transform and the
+   learned backfill order (``service.jobkinds.migrate.transform``); in either case
+   ``--deletes`` items are deleted through the API while run B backfills, and must come
+   back in neither side (0 resurrected).
 4. R@1 both directions on the test set, routed (before: the route's queries against the
    OLD vectors the gallery stored) and migrated (after: NEW's queries against the vectors
    the migration stored); the stored vectors are checked against NEW's own embeddings.
@@ -60,6 +64,11 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
                    help="run B's items/s (default: half of NEW's measured throughput)")
     p.add_argument("--clients", type=int, default=4, help="concurrent search clients")
     p.add_argument("--duration", type=float, default=15.0, help="seconds per search window")
+    p.add_argument("--transform", action="store_true", help="run B: transform, then the "
+                                                            "learned order")
+    p.add_argument("--transform-sample", type=int, default=400,
+                   help="run B's transform sample (items NEW embeds first)")
+    p.add_argument("--deletes", type=int, default=50, help="items deleted during run B")
     p.add_argument("--quick", action="store_true", help="smoke run: random tiny models, 600 "
                                                         "items, short windows")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
@@ -88,9 +97,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result["run_a"] = stack.migrate(args.batch_size, 0.0)
         stack.undo()
         result["idle"] = stack.search_load(args.clients, args.duration)
+        extra = ({"transform": True, "order": "learned", "sample": args.transform_sample}
+                 if args.transform else {})
         result["run_b"] = stack.migrate(args.batch_size, rate, search=(args.clients,
                                                                        args.duration),
-                                        kills=2)
+                                        kills=2, extra=extra,
+                                        deletes=[r.id for r in data["fill"].records[::37]][
+                                            :args.deletes])
     result["exactly_once"] = _exactly_once(work, result["run_b"])
     result["recall"] = _recall(work, old, new, route, data, result["run_b"])
     result["targets"] = targets(result)
@@ -268,20 +281,27 @@ class Stack:
         return r.json()
 
     def migrate(self, batch_size: int, rate: float, search: tuple[int, float] | None = None,
-                kills: int = 0) -> dict[str, Any]:
+                kills: int = 0, extra: dict[str, Any] | None = None,
+                deletes: list[str] | None = None) -> dict[str, Any]:
         """One migration to the switch; its timings (and the search load measured while it
-        backfills, and the worker killed ``kills`` times spread over its second half)."""
+        backfills, the worker killed ``kills`` times spread over its second half, and
+        the ``deletes`` items deleted once the backfill runs). ``extra``: more parameters
+        (a transform and its order)."""
         if self.worker is None:
             self.start_worker()
         r = self.http.post(f"/v1/galleries/{GALLERY}/migration",
-                           json={"shards": 1, "batch_size": batch_size, "rate_limit": rate})
+                           json={"shards": 1, "batch_size": batch_size, "rate_limit": rate,
+                                 **(extra or {})})
         r.raise_for_status()
         submitted = time.monotonic()
-        total = sum(s["total"] for s in r.json()["shards"])
-        out: dict[str, Any] = {"rate_limit": rate, "kills": 0}
+        total = int(r.json()["result"].get("listed") or sum(s["total"]
+                                                             for s in r.json()["shards"]))
+        out: dict[str, Any] = {"rate_limit": rate, "kills": 0, "params": extra or {}}
         _poll(lambda: self.view()["progress"]["done"] > 0, 600, "backfill start")
         started = time.monotonic()
         cpu_before = self.cpu()
+        if deletes:
+            out["deleted"] = self.delete_some(deletes)
         if search is not None:
             out["search"] = self.search_load(*search)
         for k in range(kills):
@@ -290,7 +310,8 @@ class Stack:
             self.kill_worker()
             out["kills"] += 1
             self.start_worker()
-        _poll(lambda: self.view()["progress"]["done"] >= total, 7200, "backfill")
+        _poll(lambda: self.view()["progress"]["done"] >= total - len(deletes or ())
+              or self.view()["job_status"] in ("succeeded", "failed"), 7200, "backfill")
         backfilled = time.monotonic()
         cpu_after = self.cpu()
         if not kills:  # CPU seconds each side spent while the backfill ran (cores: 2 here)
@@ -315,6 +336,12 @@ class Stack:
                     "to_switch_s": round(switched - submitted, 1),
                     "backfill_items_per_s": round(total / max(backfilled - started, 1e-9), 1)})
         return out
+
+    def delete_some(self, ids: list[str]) -> list[str]:
+        """Delete ``ids`` through the API (while the backfill runs)."""
+        r = self.http.post(f"/v1/galleries/{GALLERY}/items/delete", json={"ids": ids})
+        r.raise_for_status()
+        return ids
 
     def cpu(self) -> dict[str, float]:
         """CPU seconds used so far by the gateway's and the worker's process sessions (each
@@ -403,9 +430,12 @@ def _exactly_once(work: Path, run_b: dict[str, Any]) -> dict[str, Any]:
         points = store.count(run_b["target"]["collection"])
     finally:
         store.close()
+    deleted = set(run_b.get("deleted", []))
+    made = {str((s.made or {}).get("by", "embed")) for s in target.values()}
     return {"source_items": len(source), "target_items": len(target), "target_points": points,
             "lost": len(source - set(target)), "extra": len(set(target) - source),
-            "duplicated": points - len(target)}
+            "duplicated": points - len(target), "deleted": len(deleted),
+            "resurrected": len(deleted & (source | set(target))), "made": sorted(made)}
 
 
 def _recall(work: Path, old: Any, new: Any, route: Any, data: dict[str, Any],
@@ -460,10 +490,10 @@ def targets(result: dict[str, Any]) -> dict[str, Any]:
             "value": round(ratio, 2), "met": ratio >= THROUGHPUT_RATIO},
         f"search p50 during rate-limited backfill / idle <= {P50_RATIO}": {
             "value": round(p50, 2), "met": p50 <= P50_RATIO},
-        "0 lost or duplicated items after 2 worker kills": {
-            "value": once["lost"] + once["duplicated"] + once["extra"],
-            "met": once["lost"] == once["duplicated"] == once["extra"] == 0
-            and result["run_b"]["kills"] == 2},
+        "0 lost, duplicated or resurrected items after 2 worker kills": {
+            "value": once["lost"] + once["duplicated"] + once["extra"] + once["resurrected"],
+            "met": once["lost"] == once["duplicated"] == once["extra"] == once["resurrected"]
+            == 0 and result["run_b"]["kills"] == 2 and once["made"] == ["embed"]},
         "no search errors": {"value": errors, "met": errors == 0},
         "both runs switched": {"value": [result["run_a"]["state"], result["run_b"]["state"]],
                                "met": result["run_a"]["state"] == result["run_b"]["state"]
@@ -496,7 +526,10 @@ def render(result: dict[str, Any]) -> str:
                    f"{result['recall']['stored_vs_new_cosine_min']}"),
               (f"after run B: {once['target_items']} items in the new side for "
                f"{once['source_items']} in the old ({once['lost']} lost, {once['extra']} "
-               f"extra, {once['duplicated']} duplicated); shard attempts {b['attempts']}")]
+               f"extra, {once['duplicated']} duplicated; {once['deleted']} deleted during "
+               f"it, {once['resurrected']} resurrected; the new side's vectors made by "
+               f"{once['made']}); shard attempts {b['attempts']}; run B's parameters "
+               f"{b['params']}")]
     for name, run in (("A", a), ("B", b)):
         if run.get("forced_switch"):
             lines.append(f"run {name}: the gate refused the switch ({run['forced_switch']}); "

@@ -9,6 +9,12 @@ through the ``DirectWriter``'s transform mode (write). Against it: the time NEW 
 re-embed the same items, from its measured rate on ``--probe`` items read from image
 files the way a backfill reads them (decode, preprocess, forward; captions too).
 Target: transform <= 1/20 of the re-embedding.
+
+It also times a search against the two sides it built, plain (one text forward, one
+search of the serving side) and ``hybrid`` (``service.usecases.search``: a forward per
+side, a search per side, the candidates' vectors read on the side that did not return
+them, the fused ranking), in process, median over ``--queries`` text queries: what the
+hybrid option adds to a query.
 """
 
 from __future__ import annotations
@@ -54,24 +60,28 @@ def fitted_transform(old_dim: int, new_dim: int, method: str) -> Any:
                          TransformConfig(method=method, steps=50))
 
 
-def reembed_rate(base: Path | None, probe: int, work: Path) -> dict[str, Any]:
-    """NEW's items/s re-embedding ``probe`` items from image files (+ their captions)."""
-    from service.state.paths import Roots
-    from service.vectors.backfill import OriginReader, _rows
-    from service.vectors.embed import Pixels, embed
-    from service.vectors.sources import SourceStore
+def new_encoder(base: Path | None) -> tuple[Any, str]:
+    """bench base's NEW, or the same architecture at random init; and what it is."""
     from training.configs import config_path
-    from training.data import generate_items, render
     from training.encoders import Encoder, ModelSpec, create_model, create_tokenizer
 
     if base is not None and (base / "new" / "manifest.json").is_file():
         from training.versions import load_encoder
 
-        encoder, model = load_encoder(str(base / "new")), f"{base / 'new'} (bench base NEW)"
-    else:
-        spec = ModelSpec.from_json(config_path("tiny-new-bench"))
-        encoder = Encoder(create_model(spec), create_tokenizer(spec))
-        model = "tiny-new-bench (random init: the rate does not depend on the weights)"
+        return load_encoder(str(base / "new")), f"{base / 'new'} (bench base NEW)"
+    spec = ModelSpec.from_json(config_path("tiny-new-bench"))
+    return (Encoder(create_model(spec), create_tokenizer(spec)),
+            "tiny-new-bench (random init: the rate does not depend on the weights)")
+
+
+def reembed_rate(encoder: Any, probe: int, work: Path) -> dict[str, Any]:
+    """NEW's items/s re-embedding ``probe`` items from image files (+ their captions)."""
+    from service.state.paths import Roots
+    from service.vectors.backfill import OriginReader, _rows
+    from service.vectors.embed import Pixels, embed
+    from service.vectors.sources import SourceStore
+    from training.data import generate_items, render
+
     folder = work / "images"
     folder.mkdir(parents=True)
     items = []
@@ -84,11 +94,44 @@ def reembed_rate(base: Path | None, probe: int, work: Path) -> dict[str, Any]:
     root = Path(os.path.realpath(work))
     reader = OriginReader(SourceStore(work / "sources"), Roots((root,)), encoder.image_tensors)
 
+    for _first, loaded in reader.batches(items[:256], 0, 256):  # warm-up, not timed
+        embed(Pixels(encoder, loaded["pixels"]), _rows(loaded))
     start = time.perf_counter()
     for _first, loaded in reader.batches(items, 0, 256):
         embed(Pixels(encoder, loaded["pixels"]), _rows(loaded))
     seconds = time.perf_counter() - start
-    return {"model": model, "probe_items": probe, "items_per_s": probe / seconds}
+    return {"probe_items": probe, "items_per_s": probe / seconds}
+
+
+def search_latency(store: Any, sides: tuple[str, str], encoder: Any, queries: int,
+                   old_dim: int, top_k: int = 10) -> dict[str, float]:
+    """Median ms of a plain and a hybrid text search (module docstring), in process. The
+    routed query is a second forward cut to OLD's width (the cost of a route that runs
+    the towers again; an adapter's map on top is a [D x D] product)."""
+    import statistics
+
+    from service.usecases.search import HYBRID_POOL, Query, _fuse
+    from training.data import generate_items
+
+    texts = [it.captions["en"][0] for it in generate_items(queries, seed=9, languages=("en",))]
+    encoder.encode_texts(texts[:1])
+    gateway = type("G", (), {"store": store})()
+    plain, hybrid = [], []
+    for text in texts:
+        t = time.perf_counter()
+        q = encoder.encode_texts([text])[0]
+        store.search(sides[1], q, "image", top_k)
+        plain.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        vectors = [encoder.encode_texts([text])[0][:old_dim], q]
+        vectors[0] = vectors[0] / np.linalg.norm(vectors[0])
+        found = [store.search(c, v, "image", top_k * HYBRID_POOL)
+                 for c, v in zip(sides, vectors, strict=True)]
+        _fuse(gateway, sides, vectors, found, Query(text=text, top_k=top_k))
+        hybrid.append(time.perf_counter() - t)
+    p, h = statistics.median(plain) * 1e3, statistics.median(hybrid) * 1e3
+    return {"queries": queries, "plain_ms": round(p, 2), "hybrid_ms": round(h, 2),
+            "added_ms": round(h - p, 2)}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -132,8 +175,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     times["write"] = time.perf_counter() - t
     written = store.count(target)
     stored = store.stored(target, [ids[0]])
+    encoder, model = new_encoder(Path(args.base) if args.base else None)
+    latency = search_latency(store, (source, target), encoder, args.queries, args.old_dim)
     store.close()
-    rate = reembed_rate(Path(args.base) if args.base else None, args.probe, work)
+    rate = {"model": model, **reembed_rate(encoder, args.probe, work)}
     total = sum(times.values())
     reembed = args.items / rate["items_per_s"]
     return {"items": args.items, "vectors": 2 * args.items, "old_dim": args.old_dim,
@@ -143,7 +188,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "made": next(iter(stored.values())).made if stored else None,
             "reembed": {**rate, "items_per_s": round(rate["items_per_s"], 1),
                         "seconds_for_items": round(reembed, 1)},
-            "ratio": round(total / reembed, 4),
+            "ratio": round(total / reembed, 4), "search": latency,
             "targets": {f"transform <= 1/20 of NEW's re-embedding ({total:.1f} s vs "
                         f"{reembed:.1f} s)": total <= TARGET_RATIO * reembed,
                         "every item written once": written == args.items}}
@@ -161,6 +206,10 @@ def render_result(r: dict[str, Any]) -> str:
              f"({r['reembed']['items_per_s']:,.0f} items/s reading files; {r['reembed']['model']})"),
              (f"ratio {r['ratio']:.3f} (target <= {TARGET_RATIO:.3f}); points written "
              f"{r['written']:,}; a point's made: {r['made']}")]
+    q = r["search"]
+    lines.append(f"text search over both sides, median of {q['queries']}: plain {q['plain_ms']:.2f} "
+                 f"ms, hybrid {q['hybrid_ms']:.2f} ms (+{q['added_ms']:.2f} ms: a second "
+                 f"forward, a second search, the vector reads, the fuse)")
     lines += [f"target {k}: {'met' if v else 'MISSED'}" for k, v in r["targets"].items()]
     return "\n".join(lines)
 
@@ -174,6 +223,7 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--new-dim", type=int, default=128)
     p.add_argument("--method", default="residual-mlp")
     p.add_argument("--probe", type=int, default=2000, help="items NEW re-embeds to time it")
+    p.add_argument("--queries", type=int, default=100, help="searches timed, plain and hybrid")
     p.add_argument("--base", default="runs/bench-base", help="bench base's models (NEW's "
                                                             "rate; random init if absent)")
     p.add_argument("--json", action="store_true")

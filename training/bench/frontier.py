@@ -18,7 +18,8 @@ Ways (``training.upgrades.transform.simulate``):
 - ``progressive``: the learned order's side served from the fraction where, on a
   separate validation draw simulated the same way, it beats the routed side in both
   directions at that fraction and every later one (routed before)
-- ``hybrid``: each item scored by both sides (learned order), fused
+- ``hybrid+<order>``: each item scored by both sides, fused (the gateway's ``hybrid``
+  search), under the learned and the random order
 
 The compute of each point is a fraction of a full backfill (NEW embedding every item's
 image and caption, timed here): the items re-embedded, plus the transform's fit and
@@ -29,6 +30,7 @@ their errors combined. Writes ``frontier.json`` and ``frontier.png`` under ``--o
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import time
 from dataclasses import dataclass
@@ -138,9 +140,11 @@ def routed_queries(sample_idx: np.ndarray, e: Embedded, test: int) -> dict[str, 
 
 
 def transform_orders(t: Any, e: Embedded, sample_idx: np.ndarray, transformed: dict,
-                     seed: int) -> tuple[dict[str, list[int]], np.ndarray]:
+                     seed: int, names: list[str]) -> tuple[dict[str, list[int]], np.ndarray]:
     """Each order over the items, the sample first (NEW embedded it to fit the map); the
-    predicted error of every item (the learned order's key)."""
+    predicted error of every item (the learned order's key). The id order sorts the items
+    by a hash of their names: a gallery's ids say nothing of which items are queried
+    (sorting the names themselves would put the test items, ``test-...``, last)."""
     from training.upgrades.transform.order import order_items
 
     n = len(e.vectors["old_image"])
@@ -148,7 +152,7 @@ def transform_orders(t: Any, e: Embedded, sample_idx: np.ndarray, transformed: d
     in_sample = np.zeros(n, bool)
     in_sample[sample_idx] = True
     rest = np.flatnonzero(~in_sample)
-    ids = [f"{i:09d}" for i in rest]  # id order = the gallery's order of the items
+    ids = [hashlib.sha1(names[i].encode()).hexdigest() for i in rest]
     orders = {}
     for name in ORDERS:
         picked = order_items(name, ids, scores[rest], seed=seed)
@@ -178,7 +182,8 @@ def measure_draw(old: Any, new: Any, args: argparse.Namespace, seed: int,
     t0 = time.perf_counter()
     transformed = {k: t.apply(k, e.vectors[f"old_{k}"]) for k in ("image", "text")}
     apply_s = time.perf_counter() - t0
-    orders, scores = transform_orders(t, e, sample_idx, transformed, seed)
+    orders, scores = transform_orders(t, e, sample_idx, transformed, seed,
+                                      [it.id for it in items])
     true_err = sum(errors(transformed[k], e.vectors[f"new_{k}"]) for k in ("image", "text"))
     rest = np.setdiff1d(np.arange(n), sample_idx)
     routed = routed_queries(sample_idx, e, args.test)
@@ -273,7 +278,8 @@ def strategy_rows(draw: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
         rows[f"transform+{name}"] = [point(f, f"side {name} {f:g}", f + extra) for f in fractions]
     rows["progressive"] = [point(f, f"side learned {f:g}" if switch is not None and f >= switch
                                  else "routed", f + extra) for f in fractions]
-    rows["hybrid"] = [point(f, f"hybrid learned {f:g}", f + extra) for f in fractions]
+    for name in ("learned", "random"):
+        rows[f"hybrid+{name}"] = [point(f, f"hybrid {name} {f:g}", f + extra) for f in fractions]
     return rows
 
 
