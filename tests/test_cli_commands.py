@@ -46,10 +46,12 @@ def test_plugins_are_declared_as_entry_points() -> None:
     commands = {p.name: p.value for p in importlib.metadata.entry_points(
         group=cli.COMMAND_PLUGINS)}
     benches = {p.name: p.value for p in importlib.metadata.entry_points(group=cli.BENCH_PLUGINS)}
-    assert commands == {"demo": "service.stack.demo:register"}
+    assert commands == {"demo": "service.stack.demo:register",
+                        "migrate": "service.stack.migrate_cli:register"}
     assert benches == {"serve": "service.bench:register",
                        "migrate": "service.bench.migrate:register",
-                       "images": "service.bench.images:register"}
+                       "images": "service.bench.images:register",
+                       "transform": "service.bench.transform:register"}
 
 
 def test_a_broken_plugin_is_reported_and_left_out(monkeypatch: pytest.MonkeyPatch,
