@@ -5,40 +5,16 @@ exit code 1), the bodies it sends (valid for the API's own model) and its status
 
 from __future__ import annotations
 
-import contextlib
 import json
 import socket
-import threading
-import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from conftest import ADMIN_KEY
+from test_service_probe import served
 
 from service.stack import migrate_cli
 from training.cli import build_parser
-
-
-@contextlib.contextmanager
-def served(app: Any) -> Iterator[str]:
-    """``app`` on a real uvicorn server (its lifespan already ran under TestClient)."""
-    import uvicorn
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, lifespan="off", log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
 
 
 def cli(*argv: str) -> Any:

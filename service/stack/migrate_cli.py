@@ -163,6 +163,12 @@ def table(rows: list[tuple[str, str]]) -> str:
 
 
 # ------------------------------------------------------------------ commands
+def shown(answer: Any, as_json: bool, out: Any, text: str) -> int:
+    """Print the gateway's answer (``--json``) or ``text``; exit code 0."""
+    print(json.dumps(answer, indent=2) if as_json else text, file=out)
+    return 0
+
+
 def run(args: argparse.Namespace, out: Any = None) -> int:
     """One action; prints to ``out`` (stdout) and errors to stderr; the exit code."""
     out = out or sys.stdout
@@ -170,12 +176,8 @@ def run(args: argparse.Namespace, out: Any = None) -> int:
     try:
         if args.action == "start":
             answer = call(gateway, "POST", migration_path(gallery), key, start_body(args))
-            if args.json:
-                print(json.dumps(answer, indent=2), file=out)
-            else:
-                print(f"started migration job {answer.get('id')} of {gallery} "
-                      f"({answer.get('status')})", file=out)
-            return 0
+            return shown(answer, args.json, out, f"started migration job {answer.get('id')} "
+                         f"of {gallery} ({answer.get('status')})")
         if args.action == "status":
             view = call(gateway, "GET", migration_path(gallery), key)
         elif args.action == "switch":
@@ -186,12 +188,8 @@ def run(args: argparse.Namespace, out: Any = None) -> int:
                         {"reason": args.reason})
         elif args.action == "retire":
             answer = call(gateway, "POST", migration_path(gallery, "retire"), key)
-            if args.json:
-                print(json.dumps(answer, indent=2), file=out)
-            else:
-                print(f"retired: the {answer['dropped']['space']} side of {gallery} was "
-                      f"deleted; it serves in space {answer['space']}", file=out)
-            return 0
+            return shown(answer, args.json, out, f"retired: the {answer['dropped']['space']} "
+                         f"side of {gallery} was deleted; it serves in space {answer['space']}")
         else:  # cancel
             call(gateway, "POST", migration_path(gallery, "cancel"), key)
             print(f"cancelled the migration of {gallery}: its new side is dropped", file=out)
