@@ -30,7 +30,8 @@ ALL = sorted(command_paths(cli.build_parser()))
 def test_the_tree_has_the_library_and_the_plugged_in_commands() -> None:
     for path in [("synth",), ("train-base",), ("continual",), ("upgrade",), ("bench", "base"),
                  ("bench", "xbt"), ("demo",), ("bench", "serve"), ("bench", "migrate"),
-                 ("bench", "images")]:
+                 ("bench", "images"), ("plan", "start"), ("plan", "show"), ("plan", "list"),
+                 ("plan", "apply")]:
         assert path in ALL, path
 
 
@@ -47,7 +48,8 @@ def test_plugins_are_declared_as_entry_points() -> None:
         group=cli.COMMAND_PLUGINS)}
     benches = {p.name: p.value for p in importlib.metadata.entry_points(group=cli.BENCH_PLUGINS)}
     assert commands == {"demo": "service.stack.demo:register",
-                        "migrate": "service.stack.migrate_cli:register"}
+                        "migrate": "service.stack.migrate_cli:register",
+                        "plan": "service.stack.plan_cli:register"}
     assert benches == {"serve": "service.bench:register",
                        "migrate": "service.bench.migrate:register",
                        "images": "service.bench.images:register",

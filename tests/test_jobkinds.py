@@ -46,7 +46,8 @@ def echo() -> Iterator[JobKind]:
 
 
 def test_the_built_in_kinds_are_registered_once() -> None:
-    assert list(KINDS) == ["continual", "xbt", "adapter", "evaluate", "ingest", "migrate"]
+    assert list(KINDS) == ["continual", "xbt", "adapter", "evaluate", "ingest", "migrate",
+                           "plan"]
     with pytest.raises(ValueError, match="already registered"):
         register(JobKind("xbt", EchoParams, run_echo))
 

@@ -43,6 +43,7 @@ def calls(artifact: Path) -> list[Call]:
     items = "/v1/galleries/shapes/items"
     search = "/v1/galleries/shapes/search"
     migration = "/v1/galleries/shapes/migration"
+    plans = "/v1/galleries/shapes/plans"
     return [
         r(get, "/healthz"), r(get, "/readyz"), r(get, "/readyz", headers=ADMIN),
         r(get, "/metrics"), r(get, "/metrics", headers=ADMIN),
@@ -103,6 +104,11 @@ def calls(artifact: Path) -> list[Call]:
         r(post, f"{migration}/rollback", headers=ADMIN, json={}),
         r(post, f"{migration}/retire", headers=ADMIN),
         r(post, f"{migration}/cancel", headers=ADMIN),
+        r(post, plans, headers=ADMIN, json={"new": {"version": "v3"}}),
+        r(post, plans, headers=ADMIN, json={"new": {"version": "v3"}, "objective": "x"}),
+        r(get, plans, headers=ADMIN), r(get, f"{plans}/j-nope", headers=ADMIN),
+        r(post, f"{plans}/j-nope/apply", headers=ADMIN, json={"option": "migrate"}),
+        r(post, f"{plans}/j-nope/apply", headers=ADMIN, json={"option": "x", "force": True}),
     ]
 
 

@@ -20,7 +20,7 @@ from service.api import errors
 from service.api.deps import key_checks, require_admin, require_reader
 from service.api.errors import routes_of
 from service.api.middleware import GuardBodies, ObserveRequests
-from service.api.routes import galleries, health, items, jobs, migrations, models, search, web
+from service.api.routes import galleries, health, items, jobs, migrations, models, plans, search, web
 from service.api.schemas.errors import ANY, API, BODY, error_responses
 from service.api.schemas.search import state_top_k_max
 from service.runtime.gateway import open_gateway
@@ -42,7 +42,7 @@ KEY_DESCRIPTION = ("X-API-Key: an admin key (NOBACKFILL_ADMIN_API_KEYS) for admi
 # over the form parser's 1 MiB).
 ROUTERS = ((search, (*API, 400, 409)), (galleries, (*API, *BODY)), (items, (*API, *BODY)),
            (models, (*API, *BODY)), (jobs, (*API, *BODY)),
-           (migrations, (*API, *BODY)), (health, ANY), (web, ()))
+           (migrations, (*API, *BODY)), (plans, (*API, *BODY)), (health, ANY), (web, ()))
 
 
 def create_app(settings: Settings | None = None, load: EncoderLoader | None = None) -> FastAPI:

@@ -10,7 +10,7 @@ imports it too.
 
 from __future__ import annotations
 
-from service.jobkinds import adapter, continual, evaluate, ingest, migrate, xbt
+from service.jobkinds import adapter, continual, evaluate, ingest, migrate, plan, xbt
 from service.jobkinds.base import KINDS, JobKind, Params, check_job, kind_of, register
 
 # The built-in kinds, in the order the API's schema lists them.
@@ -20,5 +20,6 @@ register(adapter.KIND)
 register(evaluate.KIND)
 register(ingest.KIND)
 register(migrate.KIND)
+register(plan.KIND)
 
 __all__ = ["KINDS", "JobKind", "Params", "check_job", "kind_of", "register"]

@@ -68,7 +68,8 @@ def run(ctx: RunContext) -> dict[str, Any]:
     ctx.heartbeat.progress = {"stage": "read sample"}
     roots = Roots.of(ctx.settings)
     sample, skipped = sources_of(read_sample(ctx.store.work_dir(ctx.job.id)),
-                                 lambda path: roots.contains(os.path.realpath(path)))
+                                 lambda path: roots.contains(os.path.realpath(path)),
+                                 kept_originals(ctx.settings))
     ctx.heartbeat.check()
     candidate = fit_adapter(new_model(p.new, registry), sample, cfg, gallery.space, ctx.out,
                             old=registry.artifact(gallery.active), version_id=p.version_id,
@@ -85,31 +86,40 @@ def _stage(ctx: RunContext) -> Any:
 
 
 def sources_of(snapshot: dict[str, Any], allowed: Callable[[str], bool],
+               kept: Callable[[str], Any] | None = None,
                ) -> tuple[Any, dict[str, list[str]]]:
     """The fit's ``Sample`` from a gallery snapshot: an image pair where the item stores an
-    image vector and its ``source`` opens under the allowed roots; a text pair where it
-    stores a text vector and has a ``caption``. Items without a usable source are listed
-    by id (the job record shows them), not fatal."""
+    image vector and its ``source`` opens under the allowed roots (without a ``source``:
+    its kept original, through ``kept``, as a migration's backfill reads it); a text pair
+    where it stores a text vector and has a ``caption`` (else its kept text). Items
+    without a usable source are listed by id (the job record shows them), not fatal."""
     from PIL import Image
 
     from training.upgrades.adapter.fit import Sample
 
     ids, payloads = snapshot["ids"], snapshot["payloads"]
+    origins = snapshot.get("origins") or [{} for _ in ids]
     sample, skipped = Sample(source=f"gallery sample of {len(ids)} items"), {"image": [],
                                                                               "text": []}
     image_rows, text_rows = [], []
     for row, n in enumerate(snapshot["image_rows"].tolist()):
         source = payloads[n].get("source")
         try:
+            if source is None and origins[n].get("image") and kept is not None:
+                sample.images.append(kept(str(origins[n]["image"])))
+                image_rows.append(row)
+                continue
             if not isinstance(source, str) or not allowed(source):
                 raise ValueError(f"source {source!r} is not a path under the allowed roots")
             with Image.open(Path(source)) as im:
                 sample.images.append(im.convert("RGB"))
             image_rows.append(row)
-        except (OSError, ValueError, TypeError):
+        except Exception:  # noqa: BLE001 - an unreadable source is reported by id
             skipped["image"].append(ids[n])
     for row, n in enumerate(snapshot["text_rows"].tolist()):
         caption = payloads[n].get("caption")
+        if not (isinstance(caption, str) and caption.strip()):
+            caption = origins[n].get("text")
         if isinstance(caption, str) and caption.strip():
             sample.texts.append(caption)
             text_rows.append(row)
@@ -118,6 +128,15 @@ def sources_of(snapshot: dict[str, Any], allowed: Callable[[str], bool],
     sample.image_old = snapshot["image"][image_rows] if image_rows else sample.image_old
     sample.text_old = snapshot["text"][text_rows] if text_rows else sample.text_old
     return sample, skipped
+
+
+def kept_originals(settings: Any) -> Callable[[str], Any]:
+    """Opens an item's kept original (or a path under the allowed roots) by its origin."""
+    from service.state.paths import Roots
+    from service.vectors.sources import SourceStore, open_origin_image
+
+    sources, roots = SourceStore.of(settings), Roots.of(settings)
+    return lambda uri: open_origin_image(uri, sources, roots)
 
 
 KIND = JobKind("adapter", AdapterParams, run)

@@ -15,55 +15,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import urllib.error
 import urllib.parse
-import urllib.request
 from typing import Any
 
-DEFAULT_GATEWAY = "http://127.0.0.1:8000"
+from service.stack.http_cli import (  # noqa: F401  (re-exported: the names this module had)
+    DEFAULT_GATEWAY,
+    GatewayError,
+    add_connection_args,
+    call,
+    shown,
+    table,
+)
+from service.stack.http_cli import pct as _pct
+from service.stack.http_cli import share as _share
+
 ACTIONS = ("start", "status", "switch", "rollback", "retire", "cancel")
-
-
-class GatewayError(Exception):
-    """A non-2xx answer of the gateway (or no answer at all: status 0)."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(f"{status} {code}: {message}" if status else message)
-        self.status, self.code, self.message = status, code, message
-
-
-def call(gateway: str, method: str, path: str, key: str | None = None,
-         body: dict[str, Any] | None = None, timeout: float = 60) -> Any:
-    """One request; the answer's JSON (None when empty). Raises ``GatewayError``."""
-    headers = {"Accept": "application/json"}
-    if key:
-        headers["X-API-Key"] = key
-    data = None
-    if body is not None:
-        data = json.dumps(body).encode()
-        headers["Content-Type"] = "application/json"
-    request = urllib.request.Request(gateway.rstrip("/") + path, data=data, method=method,
-                                     headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            text = response.read().decode()
-    except urllib.error.HTTPError as exc:
-        raw = exc.read().decode(errors="replace")
-        try:
-            error = json.loads(raw).get("error") or {}
-        except (ValueError, AttributeError):
-            error = {}
-        if not isinstance(error, dict):
-            error = {}
-        raise GatewayError(exc.code, str(error.get("code") or "http_error"),
-                           str(error.get("message") or raw.strip() or exc.reason)) from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise GatewayError(0, "unreachable", f"cannot reach the gateway at {gateway}: "
-                                             f"{reason}") from None
-    return json.loads(text) if text.strip() else None
 
 
 def migration_path(gallery: str, action: str = "") -> str:
@@ -89,19 +56,6 @@ def start_body(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ status table
-def _pct(value: Any) -> str:
-    return f"{100 * value:.1f}%" if isinstance(value, int | float) else "–"
-
-
-def _share(point: Any) -> str:
-    """``{share, se}`` (or a bare number) as "37.0% ± 4.1%"."""
-    if isinstance(point, dict) and "share" in point:
-        se = point.get("se")
-        return _pct(point.get("share")) + (f" ± {_pct(se)}" if isinstance(se, int | float)
-                                           else "")
-    return _pct(point)
-
-
 def _estimate(estimate: Any) -> str:
     if not isinstance(estimate, dict):
         return "–"
@@ -157,18 +111,7 @@ def status_rows(view: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
-def table(rows: list[tuple[str, str]]) -> str:
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
-
-
 # ------------------------------------------------------------------ commands
-def shown(answer: Any, as_json: bool, out: Any, text: str) -> int:
-    """Print the gateway's answer (``--json``) or ``text``; exit code 0."""
-    print(json.dumps(answer, indent=2) if as_json else text, file=out)
-    return 0
-
-
 def run(args: argparse.Namespace, out: Any = None) -> int:
     """One action; prints to ``out`` (stdout) and errors to stderr; the exit code."""
     out = out or sys.stdout
@@ -207,13 +150,7 @@ def run(args: argparse.Namespace, out: Any = None) -> int:
 def register(sub: argparse._SubParsersAction, name: str) -> None:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--gallery", required=True)
-    common.add_argument("--gateway", default=os.environ.get("NOBACKFILL_GATEWAY",
-                                                            DEFAULT_GATEWAY),
-                        help="the gateway's URL (default $NOBACKFILL_GATEWAY or "
-                             f"{DEFAULT_GATEWAY})")
-    common.add_argument("--key", default=os.environ.get("NOBACKFILL_API_KEY"),
-                        help="an admin API key (default $NOBACKFILL_API_KEY)")
-    common.add_argument("--json", action="store_true", help="print the gateway's JSON")
+    add_connection_args(common)
     p = sub.add_parser(name, help="start, watch, switch, roll back, retire or cancel a "
                                   "gallery's managed migration through the gateway",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

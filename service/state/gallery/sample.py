@@ -30,7 +30,9 @@ def take_sample(store: GalleryStore, gallery: str, k: int, seed: int) -> dict[st
     chosen = sorted(rng.permutation(len(points))[:k].tolist())
     ids = [points[i][0] for i in chosen]
     payloads = [points[i][1] for i in chosen]
-    sample: dict[str, Any] = {"ids": ids, "payloads": payloads}
+    stored = store.stored(gallery, ids) if ids else {}
+    origins = [dict(stored[i].origin) if i in stored else {} for i in ids]
+    sample: dict[str, Any] = {"ids": ids, "payloads": payloads, "origins": origins}
     vectors = store.vectors(gallery, ids)
     for kind in KINDS:
         rows = [n for n, item in enumerate(ids) if kind in vectors.get(item, {})]
@@ -44,8 +46,9 @@ def write_sample(sample: dict[str, Any], directory: Path) -> Path:
     """``directory/sample.npz``, written atomically (a temporary file, then a rename)."""
     directory.mkdir(parents=True, exist_ok=True)
     arrays = {k: v for k, v in sample.items() if isinstance(v, np.ndarray)}
-    arrays["meta"] = np.frombuffer(json.dumps({"ids": sample["ids"], "payloads":
-                                               sample["payloads"]}).encode(), dtype=np.uint8)
+    arrays["meta"] = np.frombuffer(json.dumps({
+        "ids": sample["ids"], "payloads": sample["payloads"],
+        "origins": sample.get("origins", [{} for _ in sample["ids"]])}).encode(), dtype=np.uint8)
     fd, tmp = tempfile.mkstemp(dir=directory, suffix=".npz.tmp")
     with os.fdopen(fd, "wb") as fh:
         np.savez(fh, **arrays)

@@ -1,0 +1,179 @@
+"""The ``plan`` job: every way to a candidate model measured on the gallery's own data, and
+the one to take under the operator's constraints (``training.upgrades.plan``).
+
+At submission the gateway takes the sample (K stored items: their OLD vectors and
+payloads) and records the plan's basis: the gallery's size, its active version and its
+validation set (path and content digest). A worker embeds the sample's sources with the
+candidate (NEW), fits every adapter route and the gallery-side transform, measures each
+option on the validation set and writes the plan into the job's result. Applying an option
+(``service.usecases.plans``) starts the job that makes it happen, through the usual gate;
+a plan whose basis moved (``staleness``) is applied only when forced with a reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.jobkinds.adapter import kept_originals, sources_of
+from service.jobkinds.base import GatewayPort, JobKind, Params, RunContext, check_dataset, queue_job
+from service.jobkinds.migrate.params import SAMPLE_BOUNDS, SAMPLE_SHARE
+from service.jobkinds.model_ref import ModelRef, new_model
+from service.state.errors import InvalidInput
+from service.state.gallery.sample import read_sample, take_sample, write_sample
+from service.state.gallery.store import GalleryStore
+from service.state.jobs.store import Job
+from service.state.paths import Roots
+from service.state.registry import Registry
+from service.state.registry.gates import validation_digest
+
+BASIS = "basis.json"
+
+
+class PlanConstraints(BaseModel):
+    """What the recommendation must respect (unset: no limit)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_added_latency_ms: float | None = Field(None, ge=0, description="per query, over the "
+                                               "old model's own query (text and image)")
+    max_negative_flip: float | None = Field(None, ge=0, le=1, description="per direction: "
+                                            "queries the old system answered right that the "
+                                            "option gets wrong, over all queries")
+    budget: float | None = Field(None, ge=0, description="compute, as a fraction of a full "
+                                 "backfill of the gallery by the new model on this host")
+    budget_gpu_hours: float | None = Field(None, ge=0, description="compute in hours of the "
+                                           "worker's device")
+
+
+class PlanParams(Params):
+    """Measure every upgrade option for ``new`` on the gallery; recommend one."""
+
+    new: ModelRef
+    sample: int | None = Field(None, ge=8, le=1_000_000, description="gallery items the new "
+                               "model embeds to fit the adapters and the transform; default "
+                               "2% of the gallery, at least 500, at most 10,000")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="the sample's draw and every fit")
+    validation: str | None = Field(None, description="default: the gallery's validation set")
+    constraints: PlanConstraints = Field(default_factory=PlanConstraints)
+    objective: Literal["lower", "mean", "t2i", "i2t"] = Field(
+        "lower", description="the gain an option is ranked by: the lower of the two "
+                             "directions' shares (default), their mean, or one direction")
+    stale_share: float = Field(0.1, gt=0, le=1, description="the plan goes stale when the "
+                               "gallery's size moves by more than this share (or its active "
+                               "version or validation set changes)")
+
+    def check(self, registry: Registry, roots: Roots) -> None:
+        check_dataset(roots, self.validation, "validation")
+        self.new.check(registry, roots, "plan")
+
+    def sample_size(self, items: int) -> int:
+        if self.sample is not None:
+            return min(self.sample, items)
+        low, high = SAMPLE_BOUNDS
+        return min(items, max(low, min(high, round(SAMPLE_SHARE * items))))
+
+    def snapshot(self, store: GalleryStore, gallery: str, work: Path) -> None:
+        items = store.count(gallery)
+        sample = take_sample(store, gallery, self.sample_size(items), self.seed)
+        if len(sample["ids"]) < 8:
+            raise InvalidInput(f"plan job: gallery '{gallery}' holds {len(sample['ids'])} "
+                               f"item(s); a plan fits its maps on at least 8")
+        write_sample(sample, work)
+
+
+def basis_now(registry: Registry, store: GalleryStore, gallery: str,
+              validation: str | None) -> dict[str, Any]:
+    """What a plan was measured against: the gallery's size, active version, validation."""
+    record = registry.gallery(gallery)
+    path = validation or record.validation
+    return {"items": store.count(gallery), "incumbent": record.active, "space": record.space,
+            "validation": {"path": path, "digest": validation_digest(path)}}
+
+
+async def start(gateway: GatewayPort, job: Job, params: PlanParams) -> Job:
+    """Refuse a gallery with no validation set (nothing to measure on), record the basis,
+    then take the sample and queue (``queue_job``)."""
+    import asyncio
+
+    record = gateway.registry.gallery(job.gallery)
+    if (params.validation or record.validation) is None:
+        await asyncio.to_thread(gateway.jobs.delete, job.id)
+        raise InvalidInput(f"plan job: gallery '{job.gallery}' has no validation set: give "
+                           f"params.validation (the plan measures every option on it)")
+    basis = await asyncio.to_thread(basis_now, gateway.registry, gateway.store, job.gallery,
+                                    params.validation)
+    work = gateway.jobs.work_dir(job.id)
+    work.mkdir(parents=True, exist_ok=True)
+    (work / BASIS).write_text(json.dumps(basis))
+    return await queue_job(gateway, job, params)
+
+
+def xbt_versions(registry: Registry, describe: str, space: str) -> list[Any]:
+    """Registered upgrade versions (kind ``xbt``) of the candidate's base model with a route
+    into ``space``: XBT measured, not only costed."""
+    out = []
+    for v in registry.versions():
+        art = registry.artifact(v.version_id)
+        m = art.manifest
+        if m.get("kind") == "xbt" and m.get("base_model") == describe and space in art.routes:
+            out.append(art)
+    return out
+
+
+def run(ctx: RunContext) -> dict[str, Any]:
+    from training.upgrades.inputs import new_model_of
+    from training.upgrades.plan.decide import Constraints
+    from training.upgrades.plan.run import run_plan
+
+    p: PlanParams = ctx.params
+    registry = Registry(ctx.settings.registry_dir)
+    gallery = registry.gallery(ctx.job.gallery)
+    work = ctx.store.work_dir(ctx.job.id)
+    basis = json.loads((work / BASIS).read_text())
+    roots = Roots.of(ctx.settings)
+    ctx.heartbeat.progress = {"stage": "read sample"}
+    sample, skipped = sources_of(read_sample(work),
+                                 lambda path: roots.contains(os.path.realpath(path)),
+                                 kept_originals(ctx.settings))
+    validation = ctx.open_dataset(p.validation or gallery.validation, "validation")
+    new = new_model(p.new, registry)
+    spec = new_model_of(new)[0]
+    old = registry.artifact(basis["incumbent"])
+
+    def on_stage(stage: str) -> None:
+        ctx.heartbeat.progress = {"stage": stage}
+        ctx.heartbeat.check()
+
+    plan = run_plan(new, old, gallery.space, sample, validation, basis["items"],
+                    Constraints(**p.constraints.model_dump()), p.objective, p.seed,
+                    xbt_versions(registry, spec.describe(), gallery.space),
+                    ctx.settings.gate_max_negative_flip, ctx.settings.device, on_stage)
+    return {"result": {"plan": plan, "basis": basis, "skipped": skipped}}
+
+
+def staleness(registry: Registry, store: GalleryStore, job: Job,
+              own_versions: set[str]) -> list[str]:
+    """Why the plan no longer describes the gallery (empty: it still does). A version that
+    one of the plan's own applies promoted does not make it stale."""
+    p = PlanParams.model_validate(job.params)
+    basis = job.result.get("basis") or {}
+    now = basis_now(registry, store, job.gallery, p.validation)
+    out = []
+    if now["incumbent"] != basis.get("incumbent") and now["incumbent"] not in own_versions:
+        out.append(f"the gallery's active version is now '{now['incumbent']}' (the plan "
+                   f"measured against '{basis.get('incumbent')}')")
+    if now["validation"] != basis.get("validation"):
+        out.append("the validation set changed since the plan measured on it")
+    items = basis.get("items") or 0
+    if items and abs(now["items"] - items) / items > p.stale_share:
+        out.append(f"the gallery holds {now['items']} items, {items} when planned (more than "
+                   f"{p.stale_share:.0%} apart)")
+    return out
+
+
+KIND = JobKind("plan", PlanParams, run, start=start)

@@ -1,0 +1,112 @@
+"""The plan's record from measured options: the table, the migration's curve, the
+recommendation and why (``make_plan``), JSON-ready."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from training.upgrades.plan.decide import Constraints, Scored, recommend
+from training.upgrades.plan.measure import GRID, Option, Scorer
+
+
+@dataclass
+class Costs:
+    """What compute costs on this host: NEW's measured rate over the gallery's size."""
+
+    gallery_items: int
+    sample_items: int
+    sample_seconds: float  # NEW embedding the sample's sources (read, decode, forward)
+
+    @property
+    def item_seconds(self) -> float:
+        return self.sample_seconds / max(1, self.sample_items)
+
+    @property
+    def backfill_seconds(self) -> float:
+        """A full backfill: every item of the gallery re-embedded at the sample's rate."""
+        return self.item_seconds * self.gallery_items
+
+    def fraction(self, seconds: float) -> float:
+        return seconds / self.backfill_seconds if self.backfill_seconds > 0 else float("inf")
+
+    def describe(self) -> dict[str, Any]:
+        rate = self.sample_items / self.sample_seconds if self.sample_seconds > 0 else None
+        return {"items": self.gallery_items, "items_per_s": _r(rate),
+                "seconds": _r(self.backfill_seconds), "hours": _r(self.backfill_seconds / 3600),
+                "measured_on": f"the sample: {self.sample_items} items in "
+                               f"{self.sample_seconds:.2f} s"}
+
+
+def _r(v: float | None, digits: int = 4) -> float | None:
+    return None if v is None or not np.isfinite(v) else round(float(v), digits)
+
+
+def _worst(values: dict[str, float] | None) -> float | None:
+    return None if not values else max(values.values())
+
+
+def make_plan(options: Sequence[Option], scorer: Scorer, costs: Costs,
+              constraints: Constraints, old_hits: dict[str, np.ndarray],
+              new_hits: dict[str, np.ndarray]) -> dict[str, Any]:
+    """``{"options": [...], "curve": {...}, "recommendation": {...}, "baseline", "backfill"}``."""
+    from training.upgrades.transform.simulate import negative_flip
+
+    rows, scored = [], []
+    no_gain = [d for d, g in scorer.gain.items() if g <= 0]
+    for o in options:
+        row: dict[str, Any] = {
+            "name": o.name, "kind": o.kind, "label": o.label, "measured": o.measured,
+            "note": o.note, "applicable": o.apply is not None, "apply": o.apply,
+            "compute": {"fraction": _r(o.compute_fraction), "seconds": _r(o.compute_seconds, 2),
+                        "hours": _r(o.compute_seconds / 3600, 6)},
+            "added_latency_ms": ({k: _r(v, 3) for k, v in o.added_latency_ms.items()}
+                                 if o.added_latency_ms else None),
+            "storage": o.storage}
+        s = Scored(o.name, o.compute_fraction, o.compute_seconds / 3600,
+                   _worst(o.added_latency_ms), None, o.measured)
+        if o.measured and o.hits is not None and not no_gain:
+            both = {"old->old": old_hits, "x": o.hits}
+            flips = {d: negative_flip(both, "x", "old->old", d) for d in o.hits}
+            if o.served is not None:  # a migration: the worst point it serves
+                flips = {d: max(negative_flip({"old->old": old_hits, "x": h}, "x", "old->old", d)
+                                for h in o.served.values()) for d in o.hits}
+            s.negative_flip = max(flips.values())
+            s.score, s.draws = scorer.score(o.hits)
+            row.update({"R@1": {d: _r(float(h.mean())) for d, h in o.hits.items()},
+                        "share": {d: {k: _r(v) for k, v in sh.items()}
+                                  for d, sh in scorer.shares(o.hits).items()},
+                        "score": _r(s.score), "negative_flip": {d: _r(v) for d, v in
+                                                                flips.items()}})
+            if o.served is not None:
+                s.area, s.area_draws = scorer.area(o.served)
+                row.update({"mean_share_during": _r(s.area), "switch_at": o.switch_at,
+                            "overhead_fraction": _r(o.overhead_fraction),
+                            "curve": [{"fraction": f, "compute": _r(o.overhead_fraction + f),
+                                       **{d: {k: _r(v) for k, v in sh.items()} for d, sh in
+                                          scorer.shares(o.served[f]).items()}}
+                                      for f in sorted(o.served)]})
+        scored.append(s)
+        rows.append(row)
+    decision = recommend(scored, constraints)
+    if no_gain:
+        decision = {**decision, "option": None, "rejected": {}, "why": (
+            f"the new model is no better than the old one on the validation set "
+            f"({', '.join(no_gain)}): there is no gain to recover; keep the current version")}
+    for row in rows:
+        row["recommended"] = row["name"] == decision["option"]
+        row["why_not"] = decision["rejected"].get(row["name"])
+    migrations = [r for r in rows if r.get("curve")]
+    best_curve = max(migrations, key=lambda r: r.get("mean_share_during") or -1.0,
+                     default=None)
+    return {"options": rows, "recommendation": {k: v for k, v in decision.items()
+                                                if k != "rejected"},
+            "curve": ({"option": best_curve["name"], "points": best_curve["curve"],
+                       "switch_at": best_curve["switch_at"]} if best_curve else None),
+            "objective": scorer.objective, "fractions": list(GRID),
+            "baseline": {"old->old": {d: _r(float(h.mean())) for d, h in old_hits.items()},
+                         "new->new": {d: _r(float(h.mean())) for d, h in new_hits.items()}},
+            "backfill": costs.describe()}

@@ -1,0 +1,231 @@
+"""Every upgrade option measured on one validation set, the way the plan job sees it.
+
+Inputs are embeddings, not models: the validation set's items and queries by OLD (as the
+gallery stores and serves them) and by NEW (natively), and the K-item sample's pairs (the
+stored OLD vectors and NEW's embeddings of the same sources). From them:
+
+- **routes**: the query-side adapters (procrustes, affine, residual MLP, each alone and
+  SLERP-mixed with OLD's own query, ``fit_routes``), and any route given as its routed
+  queries (an XBT version of the candidate);
+- **migrations**: today's (the route serves until every item is re-embedded) and, with
+  the gallery-side transform fitted OLD -> NEW on the same sample, a progressive one per
+  backfill order (learned, random): the side as it stands at each fraction (transformed
+  items, the first ``f`` of the order re-embedded) serves from the first fraction where it
+  beats the route in both directions (``simulate.switch_fraction``).
+
+Each option keeps its per-query top-1 hits (at the end, and for a migration at each
+fraction of ``GRID``), so the shares, their bootstrap errors and the paired errors of
+differences (``Scorer``) come from one draw of the queries for every option.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from training.errors import ConfigError
+from training.upgrades.transform.simulate import DIRECTIONS, Items, Queries, curve, switch_fraction
+
+GRID = tuple(sorted({round(0.05 * k, 2) for k in range(21)} | {0.01}))
+ADAPTERS = ("procrustes", "affine", "residual-mlp")
+SLERP_T = 0.5  # weight of OLD's own query in the "+slerp" routes (as bench upgrade)
+BOOT = 1000
+OBJECTIVES = ("lower", "mean", "t2i", "i2t")
+
+
+@dataclass
+class Embedded:
+    """The validation set embedded: per kind the items' vectors by OLD (``item_old``, as the
+    gallery stores them) and by NEW (``item_new``); per query kind the queries by OLD and
+    NEW; per direction the relevance [Q, N] of the queries to the items."""
+
+    item_old: Mapping[str, np.ndarray]
+    item_new: Mapping[str, np.ndarray]
+    query_old: Mapping[str, np.ndarray]
+    query_new: Mapping[str, np.ndarray]
+    relevant: Mapping[str, np.ndarray]
+
+    def hits(self, queries: Mapping[str, np.ndarray], items: Mapping[str, np.ndarray],
+             ) -> dict[str, np.ndarray]:
+        """Direction -> bool [Q]: is each query's top-1 item relevant."""
+        out = {}
+        for direction, (qk, ik) in DIRECTIONS.items():
+            rel = self.relevant[direction]
+            q, x = queries[qk], items[ik]
+            out[direction] = np.concatenate([
+                rel[np.arange(start, min(start + 512, len(q))),
+                    (q[start:start + 512] @ x.T).argmax(1)]
+                for start in range(0, len(q), 512)])
+        return out
+
+
+@dataclass
+class RouteFit:
+    """One query-side adapter: per modality a map NEW -> OLD, optionally SLERP-mixed."""
+
+    name: str
+    method: str
+    slerp_t: float
+    maps: dict[str, Any]
+    fit_seconds: float
+
+    @torch.no_grad()
+    def queries(self, emb: Embedded) -> dict[str, np.ndarray]:
+        """Per query kind, NEW's validation queries routed into OLD's space."""
+        from training.upgrades.adapter.maps import slerp
+
+        out = {}
+        for kind, q in emb.query_new.items():
+            routed = torch.nn.functional.normalize(self.maps[kind](torch.from_numpy(q)), dim=-1)
+            if self.slerp_t:
+                routed = slerp(routed, torch.from_numpy(emb.query_old[kind]), self.slerp_t)
+            out[kind] = routed.numpy().astype(np.float32)
+        return out
+
+    def config(self, seed: int) -> dict[str, Any]:
+        """The ``adapter`` job's config that fits this route again."""
+        return {"method": self.method, "slerp_t": self.slerp_t, "seed": seed}
+
+
+def fit_routes(old: Mapping[str, np.ndarray], new: Mapping[str, np.ndarray],
+               seed: int = 0) -> list[RouteFit]:
+    """Every adapter route fitted on the sample's pairs (``old``/``new``: kind -> [K, D])."""
+    from training.upgrades.adapter import AdapterFitConfig
+    from training.upgrades.adapter.fit import fit_maps
+
+    x = {k: torch.from_numpy(np.asarray(v, np.float32)) for k, v in new.items() if len(v)}
+    y = {k: torch.from_numpy(np.asarray(v, np.float32)) for k, v in old.items() if len(v)}
+    routes = []
+    for method in ADAPTERS:
+        start = time.perf_counter()
+        maps = fit_maps(x, y, AdapterFitConfig(method=method, seed=seed))
+        seconds = time.perf_counter() - start
+        for t in (0.0, SLERP_T):
+            name = f"route:{method}{'+slerp' if t else ''}"
+            routes.append(RouteFit(name, method, t, {k: m.eval() for k, m in maps.items()},
+                                   seconds))
+    return routes
+
+
+@dataclass
+class Option:
+    """One way to the new model, measured (or, with ``measured`` False, only costed)."""
+
+    name: str
+    kind: str  # "route" (adapter or XBT: the gate decides) or "migration"
+    label: str
+    compute_seconds: float  # before it serves the gain (a migration: its whole backfill)
+    compute_fraction: float  # of a full backfill of the gallery by NEW on this host
+    hits: dict[str, np.ndarray] | None = None  # direction -> [Q] top-1, when it is done
+    added_latency_ms: dict[str, float] | None = None  # per query kind, over OLD's own query
+    storage: dict[str, int] = field(default_factory=dict)  # bytes: gallery, model
+    apply: dict[str, Any] | None = None  # what applying it starts; None: cannot be applied
+    measured: bool = True
+    note: str = ""
+    # a migration: served hits at each fraction of the backfill, the switch, the overhead
+    served: dict[float, dict[str, np.ndarray]] | None = None
+    switch_at: float | None = None
+    overhead_fraction: float = 0.0  # compute before its backfill starts (sample, fit, map)
+
+
+def migration_options(emb: Embedded, route: RouteFit | None, routed: Mapping[str, np.ndarray],
+                      transformed: Mapping[str, np.ndarray] | None,
+                      orders: Mapping[str, Sequence[int]], max_negative_flip: float | None,
+                      ) -> dict[str, tuple[dict[float, dict[str, np.ndarray]], float | None]]:
+    """Name -> (served hits at each fraction of ``GRID``, switch fraction) for today's
+    migration (``migrate``: the route until the end) and, with ``transformed`` items, a
+    progressive migration per order (``migrate:transform+<order>``)."""
+    items = Items(emb.item_old, emb.item_new, transformed or emb.item_new)
+    queries = Queries(emb.query_new, routed, emb.query_old, emb.relevant)
+    hits = curve(items, queries, orders if transformed else {}, GRID, hybrid=False)
+    out = {"migrate": ({f: hits["new->new"] if f >= 1.0 else hits["routed"] for f in GRID},
+                       1.0)}
+    if transformed is None:
+        return out
+    for order in orders:
+        switch = switch_fraction(hits, order, GRID, max_negative_flip)
+        out[f"migrate:transform+{order}"] = (
+            {f: hits[f"side {order} {f:g}"] if switch is not None and f >= switch
+             else hits["routed"] for f in GRID}, switch)
+    return out
+
+
+class Scorer:
+    """Shares of the gain with bootstrap errors, paired over one draw of the validation
+    queries for every option: the share of option A and of option B in draw r come from
+    the same resampled queries, so the error of their difference is what tells them apart."""
+
+    def __init__(self, old_hits: Mapping[str, np.ndarray], new_hits: Mapping[str, np.ndarray],
+                 objective: str = "lower", boot: int = BOOT, seed: int = 0) -> None:
+        if objective not in OBJECTIVES:
+            raise ConfigError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+        rng = np.random.default_rng(seed)
+        self.objective = objective
+        self.old, self.new = old_hits, new_hits
+        self.idx = {d: rng.integers(0, len(old_hits[d]), (boot, len(old_hits[d])))
+                    for d in old_hits}
+        self.gain = {d: float(new_hits[d].mean() - old_hits[d].mean()) for d in old_hits}
+        self.gain_draws = {d: new_hits[d][self.idx[d]].mean(1) - old_hits[d][self.idx[d]].mean(1)
+                           for d in old_hits}
+
+    def share(self, hits: Mapping[str, np.ndarray], direction: str) -> float | None:
+        gain = self.gain[direction]
+        if gain <= 0:
+            return None
+        return float((hits[direction].mean() - self.old[direction].mean()) / gain)
+
+    def draws(self, hits: Mapping[str, np.ndarray], direction: str) -> np.ndarray:
+        """[boot] the share in each bootstrap draw (NaN where the draw has no gain)."""
+        idx, gains = self.idx[direction], self.gain_draws[direction]
+        lift = hits[direction][idx].mean(1) - self.old[direction][idx].mean(1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(gains > 0, lift / gains, np.nan)
+
+    def shares(self, hits: Mapping[str, np.ndarray]) -> dict[str, dict[str, float | None]]:
+        out = {}
+        for d in hits:
+            value, draws = self.share(hits, d), self.draws(hits, d)
+            out[d] = {"share": value, "se": _std(draws) if value is not None else None}
+        return out
+
+    def score(self, hits: Mapping[str, np.ndarray]) -> tuple[float, np.ndarray]:
+        """(the objective's value, its [boot] draws): the lower of the two directions' shares
+        (default), their mean, or one direction's."""
+        point = {d: self.share(hits, d) for d in DIRECTIONS}
+        draws = {d: self.draws(hits, d) for d in DIRECTIONS}
+        if any(v is None for v in point.values()):
+            raise ConfigError("the new model is no better than the old one on the validation "
+                              "set in some direction: there is no gain to share")
+        if self.objective in DIRECTIONS:
+            return float(point[self.objective]), draws[self.objective]  # type: ignore[arg-type]
+        combine = np.minimum if self.objective == "lower" else (lambda a, b: (a + b) / 2)
+        values = [float(v) for v in point.values()]  # type: ignore[arg-type]
+        value = min(values) if self.objective == "lower" else sum(values) / 2
+        return value, combine(draws["t2i"], draws["i2t"])
+
+    def area(self, served: Mapping[float, Mapping[str, np.ndarray]]) -> tuple[float, np.ndarray]:
+        """The objective averaged over the backfill (trapezoid over its fractions): the
+        gain a migration delivers while it runs, with its draws."""
+        fractions = sorted(served)
+        scored = [self.score(served[f]) for f in fractions]
+        xs = np.asarray(fractions)
+        value = float(np.trapezoid([s[0] for s in scored], xs))
+        draws = np.trapezoid(np.stack([s[1] for s in scored]), xs, axis=0)
+        return value, draws
+
+
+def _std(draws: np.ndarray) -> float | None:
+    ok = draws[np.isfinite(draws)]
+    return float(ok.std(ddof=1)) if len(ok) > 1 else None
+
+
+def difference_se(a: np.ndarray, b: np.ndarray) -> float:
+    """The standard error of ``a - b`` from paired draws (0 when they never differ)."""
+    diff = a - b
+    ok = diff[np.isfinite(diff)]
+    return float(ok.std(ddof=1)) if len(ok) > 1 else 0.0

@@ -1,0 +1,255 @@
+"""One plan, end to end, from models and data (the ``plan`` job and ``bench plan`` call it).
+
+NEW embeds the K-item sample's sources (timed: NEW's rate on this host, which prices a full
+backfill of the gallery), OLD (the version that serves the gallery, in its space) and NEW
+embed the validation set; then every option is fitted on the sample and measured on the
+validation set (``measure``), its query latency timed through the encoder that would
+serve it (batch of one, median, over OLD's own query), and the choice made (``decide``).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from training.artifacts import Artifact
+from training.encoders import Encoder, ModelSpec, create_tokenizer
+from training.upgrades.plan.build import Costs, make_plan
+from training.upgrades.plan.decide import Constraints
+from training.upgrades.plan.measure import (
+    GRID,
+    Embedded,
+    Option,
+    RouteFit,
+    Scorer,
+    fit_routes,
+    migration_options,
+)
+
+LATENCY_QUERIES = 20
+XBT_TRAIN_FACTOR = 3.0  # a training step's forward + backward, in forwards
+
+
+def query_ms(encoder: Any, texts: Sequence[str], images: Sequence[Any],
+             n: int = LATENCY_QUERIES) -> dict[str, float]:
+    """Median ms of one text and one image query (batch of 1), after a warm-up."""
+    out = {}
+    for kind, inputs, encode in (("text", texts, encoder.encode_texts),
+                                 ("image", images, encoder.encode_images)):
+        encode(list(inputs[:1]))
+        times = []
+        for x in list(inputs[:n]):
+            start = time.perf_counter()
+            encode([x])
+            times.append((time.perf_counter() - start) * 1e3)
+        out[kind] = statistics.median(times)
+    return out
+
+
+def _minus(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+    return {k: a[k] - b[k] for k in a}
+
+
+def _bytes(modules: Sequence[torch.nn.Module]) -> int:
+    seen: dict[int, int] = {}
+    for m in modules:
+        for p in m.parameters():
+            seen[id(p)] = p.numel() * p.element_size()
+    return sum(seen.values())
+
+
+def run_plan(new: Artifact | ModelSpec, old: Artifact, space: str, sample: Any,
+             validation: Any, gallery_items: int, constraints: Constraints,
+             objective: str = "lower", seed: int = 0, xbt: Sequence[Artifact] = (),
+             max_negative_flip: float | None = None, device: str | None = None,
+             on_stage: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """The plan's record. ``sample``: an adapter ``Sample`` (sources and stored OLD
+    vectors); ``validation``: a ``PairDataset``; ``old``: the version serving the gallery
+    (its route into ``space`` embeds the validation set as the gallery stores it);
+    ``xbt``: trained upgrade versions of the candidate with a route into ``space``."""
+    from training.upgrades.adapter.fit import embed_sample
+    from training.upgrades.inputs import new_model_of
+    from training.upgrades.slerp import SlerpEncoder
+    from training.upgrades.transform import TransformConfig, fit_transform
+    from training.upgrades.transform.order import order_items
+    from training.versions import load_encoder
+
+    stage = on_stage or (lambda s: None)
+    started = time.perf_counter()
+    spec, model, _ = new_model_of(new)
+    tokenizer = create_tokenizer(spec)
+    new_enc = Encoder(model, tokenizer, device)
+    old_enc = load_encoder(old, space, device)
+
+    stage("embed the sample")
+    t0 = time.perf_counter()
+    sample_new = {k: v.numpy() for k, v in embed_sample(new_enc, sample).items()}
+    sample_s = time.perf_counter() - t0
+    sample_old = {k: np.asarray(v, np.float32) for k, v in
+                  (("image", sample.image_old), ("text", sample.text_old)) if len(v)}
+    k_items = max(len(sample.images), len(sample.texts))
+    costs = Costs(gallery_items, k_items, sample_s)
+
+    stage("embed the validation set")
+    t0 = time.perf_counter()
+    language = "en" if "en" in validation.languages() else validation.languages()[0]
+    texts, owners = validation.captions(language)
+    first_of: dict[int, int] = {}
+    for c, owner in enumerate(owners):
+        first_of.setdefault(owner, c)
+    first = [first_of[n] for n in range(len(validation))]
+    images = [validation.load_image(n) for n in range(len(validation))]
+    captions = [texts[c] for c in first]
+    rel = validation.relevance(language)
+    old_images, new_images = old_enc.encode_images(images), new_enc.encode_images(images)
+    emb = Embedded(
+        item_old={"image": old_images, "text": old_enc.encode_texts(captions)},
+        item_new={"image": new_images, "text": new_enc.encode_texts(captions)},
+        query_old={"text": old_enc.encode_texts(texts), "image": old_images},
+        query_new={"text": new_enc.encode_texts(texts), "image": new_images},
+        relevant={"t2i": rel, "i2t": rel[first].T})
+    validation_s = time.perf_counter() - t0
+    old_hits = emb.hits(emb.query_old, emb.item_old)
+    new_hits = emb.hits(emb.query_new, emb.item_new)
+    scorer = Scorer(old_hits, new_hits, objective, seed=seed)
+
+    stage("fit the adapters")
+    routes = fit_routes(sample_old, sample_new, seed)
+    stage("time the queries")
+    old_ms = query_ms(old_enc, texts, images)
+    native_ms = query_ms(new_enc, texts, images)
+    slerp_old = load_encoder(old, None, device) if old.space == space else None
+    options: list[Option] = []
+    for r in routes:
+        options.append(_route_option(r, emb, costs, sample_s, seed, slerp_old, old_ms,
+                                     lambda r=r: Encoder(model, tokenizer, device,
+                                                         text_head=r.maps["text"],
+                                                         image_head=r.maps["image"]),
+                                     SlerpEncoder, texts, images))
+    options += _xbt_options(xbt, emb, space, costs, old_ms, texts, images, device, spec)
+
+    stage("fit the transform")
+    t0 = time.perf_counter()
+    fitted = fit_transform(sample_old, sample_new, TransformConfig(seed=seed))
+    fit_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    transformed = {k: fitted.apply(k, emb.item_old[k]) for k in fitted.kinds}
+    scores = sum(fitted.predicted_error(k, emb.item_old[k], transformed[k])
+                 for k in fitted.kinds)
+    map_s = (time.perf_counter() - t0) / max(1, len(validation)) * gallery_items
+    for k in emb.item_new:
+        transformed.setdefault(k, np.zeros_like(emb.item_new[k]))
+    names = [r.id for r in validation.records]
+    orders = {o: order_items(o, names, np.asarray(scores), seed=seed)
+              for o in ("learned", "random")}
+
+    stage("simulate the migrations")
+    measured = [o for o in options if o.kind == "route" and o.measured and o.hits is not None]
+    # the route that serves until a migration switches: the best measured one (by the
+    # lower direction's R@1, which needs no gain to be defined)
+    serving = max(measured, key=lambda o: min(float(h.mean()) for h in o.hits.values()))  # type: ignore[union-attr]
+    route = next((r for r in routes if r.name == serving.name), None)
+    routed_q = route.queries(emb) if route is not None else None
+    migs = migration_options(emb, route, routed_q or {}, transformed, orders,
+                             max_negative_flip) if routed_q is not None else {}
+    dims = {k: v.shape[1] for k, v in emb.item_new.items()}
+    side_bytes = gallery_items * sum(4 * d for d in dims.values())
+    after_ms = {k: max(native_ms[k], old_ms[k] + (serving.added_latency_ms or {}).get(k, 0.0))
+                for k in native_ms}
+    for name, (served, switch) in migs.items():
+        overhead = 0.0 if name == "migrate" else costs.fraction(fit_s + map_s)
+        options.append(Option(
+            name, "migration",
+            (f"re-embed every item; {serving.name} serves until the switch at the end"
+             if name == "migrate" else
+             f"transform the stored vectors, backfill in {name.split('+')[-1]} order, "
+             f"switch when the side beats {serving.name}"),
+            compute_seconds=costs.backfill_seconds * (1 + overhead),
+            compute_fraction=1.0 + overhead, hits=new_hits,
+            added_latency_ms=_minus(after_ms, old_ms),
+            storage={"gallery_bytes": side_bytes, "model_bytes": 0},
+            apply={"kind": "migrate", "route": serving.name,
+                   "params": ({"transform": False} if name == "migrate" else
+                              {"transform": True, "order": name.split("+")[-1],
+                               "switch": "progressive", "sample": k_items, "seed": seed})},
+            served=served, switch_at=switch, overhead_fraction=overhead))
+    plan = make_plan(options, scorer, costs, constraints, old_hits, new_hits)
+    plan.update({
+        "sample": {"items": k_items, "pairs": {k: len(v) for k, v in sample_new.items()},
+                   "seconds": round(sample_s, 3)},
+        "validation": {"items": len(validation), "queries": {"t2i": len(texts),
+                                                             "i2t": len(validation)}},
+        "query_ms": {"old": old_ms, "new": native_ms},
+        "transform": {"method": fitted.config.method, "fit_seconds": round(fit_s, 3),
+                      "map_seconds_estimate": round(map_s, 3), "metrics": fitted.metrics},
+        "seconds": {"sample": round(sample_s, 3), "validation": round(validation_s, 3),
+                    "adapters": round(sum({r.method: r.fit_seconds for r in routes}.values()), 3),
+                    "transform": round(fit_s, 3),
+                    "total": round(time.perf_counter() - started, 3)},
+        "grid": list(GRID)})
+    return plan
+
+
+def _route_option(r: RouteFit, emb: Embedded, costs: Costs, sample_s: float, seed: int,
+                  slerp_old: Encoder | None, old_ms: dict[str, float],
+                  make: Callable[[], Encoder], slerp_cls: Any, texts: Sequence[str],
+                  images: Sequence[Any]) -> Option:
+    label = f"{r.method} adapter{' + SLERP with the old query' if r.slerp_t else ''}"
+    seconds = sample_s + r.fit_seconds
+    base = {"name": r.name, "kind": "route", "label": label, "compute_seconds": seconds,
+            "compute_fraction": costs.fraction(seconds)}
+    if r.slerp_t and slerp_old is None:
+        return Option(**base, measured=False, note="SLERP runs the old model natively: the "
+                      "version serving the gallery is not native to its space")
+    encoder = make()
+    if r.slerp_t:
+        encoder = slerp_cls(encoder, slerp_old, r.slerp_t)
+    mods = list(r.maps.values()) + ([slerp_old.model] if r.slerp_t and slerp_old else [])
+    return Option(**base, hits=emb.hits(r.queries(emb), emb.item_old),
+                  added_latency_ms=_minus(query_ms(encoder, texts, images), old_ms),
+                  storage={"gallery_bytes": 0, "model_bytes": _bytes(mods)},
+                  apply={"kind": "adapter", "config": r.config(seed)})
+
+
+def _xbt_options(versions: Sequence[Artifact], emb: Embedded, space: str, costs: Costs,
+                 old_ms: dict[str, float], texts: Sequence[str], images: Sequence[Any],
+                 device: str | None, spec: ModelSpec) -> list[Option]:
+    """A trained XBT version of the candidate: measured like a route; none: its cost
+    estimated from XBT's default steps at NEW's measured rate."""
+    from training.upgrades.xbt.config import XbtConfig
+    from training.versions import load_encoder
+
+    out = []
+    for art in versions:
+        enc = load_encoder(art, space, device)
+        routed = {"text": enc.encode_texts(texts), "image": enc.encode_images(images)}
+        metrics = art.manifest.get("metrics") or {}
+        seconds = float(sum(v.get("seconds", 0.0) for v in metrics.values()
+                            if isinstance(v, dict)))
+        out.append(Option(
+            f"xbt:{art.version_id}", "route",
+            f"{art.manifest.get('method', 'xbt')} version {art.version_id} (trained)",
+            compute_seconds=seconds, compute_fraction=costs.fraction(seconds),
+            hits=emb.hits(routed, emb.item_old),
+            added_latency_ms=_minus(query_ms(enc, texts, images), old_ms),
+            storage={"gallery_bytes": 0, "model_bytes": 0},
+            apply={"kind": "evaluate", "version": art.version_id},
+            note="training seconds from its manifest"))
+    if not out:
+        cfg = XbtConfig()
+        text_s = costs.item_seconds / 2  # an item is an image and a caption
+        seconds = (cfg.pretrain_steps * cfg.pretrain_batch_size * text_s
+                   + XBT_TRAIN_FACTOR * cfg.steps * cfg.batch_size * costs.item_seconds)
+        out.append(Option(
+            "xbt", "route", "XBT (text-only projector, then LoRA and soft prompts)",
+            compute_seconds=seconds, compute_fraction=costs.fraction(seconds), measured=False,
+            note=(f"no trained XBT version of {spec.describe()} is registered: estimated "
+                  f"cost (stage 1: {cfg.pretrain_steps} x {cfg.pretrain_batch_size} captions "
+                  f"at NEW's text rate; stage 2: {cfg.steps} x {cfg.batch_size} pairs at "
+                  f"{XBT_TRAIN_FACTOR:g}x NEW's rate); run an xbt job to measure it")))
+    return out
