@@ -20,7 +20,17 @@ from service.api import errors
 from service.api.deps import key_checks, require_admin, require_reader
 from service.api.errors import routes_of
 from service.api.middleware import GuardBodies, ObserveRequests
-from service.api.routes import galleries, health, items, jobs, migrations, models, plans, search, web
+from service.api.routes import (
+    galleries,
+    health,
+    items,
+    jobs,
+    migrations,
+    models,
+    plans,
+    search,
+    web,
+)
 from service.api.schemas.errors import ANY, API, BODY, error_responses
 from service.api.schemas.search import state_top_k_max
 from service.runtime.gateway import open_gateway
