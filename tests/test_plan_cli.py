@@ -128,25 +128,25 @@ def table_lines(out: str, names: set[str]) -> dict[str, str]:
 
 # ---------------------------------------------------------------- parsing and bodies
 def test_the_command_is_plugged_into_nobackfill() -> None:
-    args = cli("show", "g", "job-1", "--gateway", "http://x:1", "--key", "k")
+    args = cli("show", "--gallery", "g", "job-1", "--gateway", "http://x:1", "--key", "k")
     assert args.func is plan_cli.run
     assert (args.action, args.gallery, args.plan_id, args.gateway, args.key, args.json) == (
         "show", "g", "job-1", "http://x:1", "k", False)
-    args = cli("apply", "g", "job-1", "route:affine", "--force", "--reason", "why")
+    args = cli("apply", "--gallery", "g", "job-1", "route:affine", "--force", "--reason", "why")
     assert (args.option, args.force, args.reason) == ("route:affine", True, "why")
     with pytest.raises(SystemExit):
-        cli("start", "g")  # --version is required
+        cli("start", "--gallery", "g")  # --version is required
     with pytest.raises(SystemExit):
-        cli("start", "g", "--version", "v2", "--objective", "best")
+        cli("start", "--gallery", "g", "--version", "v2", "--objective", "best")
 
 
 def test_start_sends_only_what_was_given_and_the_api_takes_it() -> None:
     from service.api.schemas.plans import PlanIn
 
-    assert plan_cli.start_body(cli("start", "g", "--version", "v2")) == {
+    assert plan_cli.start_body(cli("start", "--gallery", "g", "--version", "v2")) == {
         "new": {"version": "v2"}}
     body = plan_cli.start_body(cli(
-        "start", "g", "--version", "v2", "--sample", "64", "--seed", "3", "--validation",
+        "start", "--gallery", "g", "--version", "v2", "--sample", "64", "--seed", "3", "--validation",
         "/data/val", "--objective", "mean", "--max-added-latency-ms", "5",
         "--max-negative-flip", "0.01", "--budget", "0.1", "--budget-gpu-hours", "2", "--wait"))
     assert body == {"new": {"version": "v2"}, "sample": 64, "seed": 3,
@@ -166,19 +166,19 @@ def test_start_is_refused_with_the_apis_message(gateway_factory,
         where = ("--gateway", url, "--key", ADMIN_KEY)
         write_beat(client.app.state.gateway.settings, "gpu0@host", "now")
         # 'shapes' has no validation set: nothing to measure on.
-        code, out, err = run(capsys, "start", "shapes", "--version", "v3", *where)
+        code, out, err = run(capsys, "start", "--gallery", "shapes", "--version", "v3", *where)
         assert (code, out) == (1, "")
         assert err.startswith("error: 422 ") and "has no validation set" in err, err
-        code, out, err = run(capsys, "list", "shapes", *where)
+        code, out, err = run(capsys, "list", "--gallery", "shapes", *where)
         assert (code, out.strip()) == (0, "gallery shapes has no plans")
         # An unknown candidate, a constraint out of range: the API's 422 too.
-        code, _, err = run(capsys, "start", "shapes", "--version", "nope", *where)
+        code, _, err = run(capsys, "start", "--gallery", "shapes", "--version", "nope", *where)
         assert code == 1 and err.startswith("error: 422 ") and "nope" in err, err
-        code, _, err = run(capsys, "start", "shapes", "--version", "v3",
+        code, _, err = run(capsys, "start", "--gallery", "shapes", "--version", "v3",
                            "--max-negative-flip", "2", *where)
         assert code == 1 and err.startswith("error: 422 ") and "max_negative_flip" in err, err
         # Without the admin key.
-        code, _, err = run(capsys, "start", "shapes", "--version", "v3", "--gateway", url)
+        code, _, err = run(capsys, "start", "--gallery", "shapes", "--version", "v3", "--gateway", url)
         assert code == 1 and err.startswith("error: 401 "), err
 
 
@@ -191,7 +191,7 @@ def test_show_list_and_apply_of_plans(gateway_factory, plan_record: dict[str, An
         queued = seed_plan(client, None, status="queued")
 
         # show: the finished plan's table, recommendation, curve, backfill; not stale.
-        code, out, err = run(capsys, "show", "shapes", done, *where)
+        code, out, err = run(capsys, "show", "--gallery", "shapes", done, *where)
         assert (code, err) == (0, "")
         assert out.strip() == plan_cli.render(json.loads(json.dumps(
             client.get(f"/v1/galleries/shapes/plans/{done}", headers=ADMIN).json())))
@@ -200,17 +200,17 @@ def test_show_list_and_apply_of_plans(gateway_factory, plan_record: dict[str, An
         assert "stale: no (the plan still describes the gallery)" in out
         lines = table_lines(out, {RECOMMENDED})
         assert lines[RECOMMENDED].startswith("*  ")
-        code, out, _ = run(capsys, "show", "shapes", done, "--json", *where)
+        code, out, _ = run(capsys, "show", "--gallery", "shapes", done, "--json", *where)
         view = json.loads(out)
         assert (view["id"], view["status"], view["stale"]) == (done, "succeeded", [])
         assert view["plan"]["recommendation"]["option"] == RECOMMENDED
 
         # show of a plan not finished: its status, no table.
-        code, out, _ = run(capsys, "show", "shapes", queued, *where)
+        code, out, _ = run(capsys, "show", "--gallery", "shapes", queued, *where)
         assert code == 0 and "status       queued" in out and "option" not in out
 
         # list: newest first, with the recommendation and whether each is current.
-        code, out, _ = run(capsys, "list", "shapes", *where)
+        code, out, _ = run(capsys, "list", "--gallery", "shapes", *where)
         assert code == 0
         rows = {line.split()[0]: line.split() for line in out.splitlines()[1:]}
         assert out.splitlines()[0].split() == ["plan", "status", "created", "candidate",
@@ -218,32 +218,32 @@ def test_show_list_and_apply_of_plans(gateway_factory, plan_record: dict[str, An
         assert rows[done][1:2] + rows[done][3:] == ["succeeded", "v3", RECOMMENDED, "current"]
         assert rows[stale][1:2] + rows[stale][3:] == ["succeeded", "v3", RECOMMENDED, "stale"]
         assert rows[queued][1:2] + rows[queued][3:] == ["queued", "v3", "–", "–"]
-        code, out, _ = run(capsys, "list", "shapes", "--json", *where)
+        code, out, _ = run(capsys, "list", "--gallery", "shapes", "--json", *where)
         assert sorted(v["id"] for v in json.loads(out)) == sorted([done, stale, queued])
 
         # apply: an unknown option is the API's 422, naming the plan's options.
-        code, out, err = run(capsys, "apply", "shapes", done, "route:nope", *where)
+        code, out, err = run(capsys, "apply", "--gallery", "shapes", done, "route:nope", *where)
         assert (code, out) == (1, "")
         assert err.startswith("error: 422 ") and "has no option 'route:nope'" in err, err
         assert RECOMMENDED in err and "migrate:transform+learned" in err
         # a stale plan: 409, with why; forced without a reason: 422.
-        code, out, err = run(capsys, "apply", "shapes", stale, RECOMMENDED, *where)
+        code, out, err = run(capsys, "apply", "--gallery", "shapes", stale, RECOMMENDED, *where)
         assert (code, out) == (1, "")
         assert err.startswith("error: 409 ") and "is stale" in err, err
         assert "active version is now 'v1'" in err and "'v2'" in err
-        code, _, err = run(capsys, "apply", "shapes", stale, RECOMMENDED, "--force", *where)
+        code, _, err = run(capsys, "apply", "--gallery", "shapes", stale, RECOMMENDED, "--force", *where)
         assert code == 1 and err.startswith("error: 422 ") and "reason" in err, err
-        code, out, _ = run(capsys, "show", "shapes", stale, *where)
+        code, out, _ = run(capsys, "show", "--gallery", "shapes", stale, *where)
         assert "stale: the gallery's active version is now 'v1'" in out
         assert "(apply needs --force --reason)" in out
         # a plan not finished: 409; an option that cannot be applied: 409; none such: 404.
-        code, _, err = run(capsys, "apply", "shapes", queued, RECOMMENDED, *where)
+        code, _, err = run(capsys, "apply", "--gallery", "shapes", queued, RECOMMENDED, *where)
         assert code == 1 and err.startswith("error: 409 ") and "is queued" in err, err
-        code, _, err = run(capsys, "apply", "shapes", done, "xbt", *where)
+        code, _, err = run(capsys, "apply", "--gallery", "shapes", done, "xbt", *where)
         assert code == 1 and err.startswith("error: 409 ") and "cannot be applied" in err, err
-        code, _, err = run(capsys, "show", "shapes", "job-000000000000", *where)
+        code, _, err = run(capsys, "show", "--gallery", "shapes", "job-000000000000", *where)
         assert code == 1 and err.startswith("error: 404 ") and "has no plan" in err, err
-        code, _, err = run(capsys, "apply", "other", done, RECOMMENDED, *where)
+        code, _, err = run(capsys, "apply", "--gallery", "other", done, RECOMMENDED, *where)
         assert code == 1 and err.startswith("error: 404 "), err
 
 
@@ -291,7 +291,7 @@ def test_start_waits_for_the_plan_then_shows_it_and_an_option_is_applied(
 
         thread = threading.Thread(target=worker, daemon=True)
         thread.start()
-        code, out, err = run(capsys, "start", "shapes", "--version", "v3", "--validation",
+        code, out, err = run(capsys, "start", "--gallery", "shapes", "--version", "v3", "--validation",
                              validation, "--budget", "0.5", "--max-added-latency-ms", "1",
                              "--wait", "--poll", "0.05", *where)
         thread.join(60)
@@ -307,11 +307,11 @@ def test_start_waits_for_the_plan_then_shows_it_and_an_option_is_applied(
         assert job.params["validation"] == validation
         assert job.params["constraints"]["budget"] == 0.5
 
-        code, out, err = run(capsys, "apply", "shapes", plan_id, RECOMMENDED, *where)
+        code, out, err = run(capsys, "apply", "--gallery", "shapes", plan_id, RECOMMENDED, *where)
         assert code == 0, err
         assert out.startswith(f"applied option {RECOMMENDED} of plan {plan_id}: started "
                               f"adapter job job-"), out
-        code, out, _ = run(capsys, "show", "shapes", plan_id, *where)
+        code, out, _ = run(capsys, "show", "--gallery", "shapes", plan_id, *where)
         assert f"applied: {RECOMMENDED} -> adapter job-" in out and "by ops" in out
 
 
@@ -393,7 +393,7 @@ def test_wait_fails_when_the_plan_fails(monkeypatch: pytest.MonkeyPatch,
         return next(answers)
 
     monkeypatch.setattr(plan_cli, "call", fake)
-    code, out, err = run(capsys, "start", "my gallery", "--version", "v2", "--wait",
+    code, out, err = run(capsys, "start", "--gallery", "my gallery", "--version", "v2", "--wait",
                          "--poll", "0.001", "--gateway", "http://g:1")
     assert code == 1
     assert calls[0] == ("POST", "/v1/galleries/my%20gallery/plans", {"new": {"version": "v2"}})

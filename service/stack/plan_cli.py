@@ -1,10 +1,10 @@
 """``nobackfill plan``: a gallery's upgrade plans from the shell, through the gateway's HTTP
 API (/v1/galleries/{gallery}/plans), with the standard library only (``urllib.request``).
 
-    nobackfill plan start demo --version v2 [--budget 0.1 --max-added-latency-ms 5] [--wait]
-    nobackfill plan show demo PLAN_ID [--json]
-    nobackfill plan list demo
-    nobackfill plan apply demo PLAN_ID OPTION [--force --reason "..."]
+    nobackfill plan start --gallery demo --version v2 [--budget 0.1 --max-added-latency-ms 5] [--wait]
+    nobackfill plan show --gallery demo PLAN_ID [--json]
+    nobackfill plan list --gallery demo
+    nobackfill plan apply --gallery demo PLAN_ID OPTION [--force --reason "..."]
 
 ``start`` measures every way to the candidate version on the gallery (a ``plan`` job);
 ``--wait`` polls it until it ends and then shows it. ``show`` prints the plan's status
@@ -297,7 +297,7 @@ def _positive(value: str) -> float:
 
 def register(sub: argparse._SubParsersAction, name: str) -> None:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("gallery", metavar="GALLERY")
+    common.add_argument("--gallery", required=True)
     add_connection_args(common)
     p = sub.add_parser(name, help="plan a gallery's upgrade to a new model through the "
                                   "gateway: measure every option, show, apply one",

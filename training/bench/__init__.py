@@ -17,6 +17,7 @@ from training.bench import (
     distributed,
     frontier,
     language,
+    plan,
     upgrade,
     xbt,
     xbt_ablation,
@@ -31,4 +32,5 @@ BENCHMARKS: dict[str, Callable[[Any, str], None]] = {
     "language": language.register,
     "distributed": distributed.register,
     "frontier": frontier.register,
+    "plan": plan.register,
 }
