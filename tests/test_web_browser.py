@@ -9,9 +9,11 @@ worker runs what it queues. Search by text and by image (thumbnails that actuall
 the models page (lineage, the active version, a gate report's heatmap, promote and roll
 back), every job kind the jobs form offers (each accepted by the API and run by the
 worker to its end, live progress and cancel), and a gallery's migration (start, switch,
-roll back, retire) whose backfill the worker runs. Also what a new user meets on first
-open: no request of the page fails (a 404 favicon was one) and the galleries are
-preselected once the page knows them.
+roll back, retire) whose backfill the worker runs, and an upgrade plan (the form, its
+progress, its chart and table of options drawn from a plan computed for real, applying
+its options, stale or not). Also what a new user meets on first open: no request of the
+page fails (a 404 favicon was one) and the galleries are preselected once the page knows
+them.
 
 Set NOBACKFILL_WEB_SCREENSHOTS=dir to keep a full-page screenshot of each test.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import subprocess
@@ -33,7 +36,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
-from conftest import ADMIN, ADMIN_KEY, MICRO_CONFIG, MICRO_PREPROCESS
+from conftest import ADMIN, ADMIN_KEY, MICRO_CONFIG, MICRO_PREPROCESS, micro_model
 from PIL import Image
 from test_service_api import b64, png
 
@@ -897,3 +900,256 @@ def test_the_curve_draws_each_direction_the_route_and_the_markers(browser: Any) 
         assert opened.errors == []
     finally:
         page.context.close()
+
+
+# ---------------------------------------------------------------- upgrade plans
+PLANNED = "planned"  # the plan tests' own gallery (space v1, served by v1)
+PLANNED_ITEMS = 16
+
+
+class ApiCount:
+    """The gallery's size as the gateway reports it: all ``basis_now`` reads of a gallery
+    store (the test cannot open the embedded Qdrant that the gateway holds)."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
+
+    def count(self, gallery: str) -> int:
+        return self.stack.api("GET", f"/v1/galleries/{gallery}")["items"]
+
+
+@dataclass(frozen=True)
+class Planned:
+    params: dict[str, Any]  # as the API stores a plan job's
+    plan: dict[str, Any]  # training.upgrades.plan.run.run_plan's record
+    basis: dict[str, Any]  # service.jobkinds.plan.basis_now of the gallery
+
+    def record(self, stack: Stack, *, finished: bool) -> str:
+        """A plan job in the gateway's job store, as a worker leaves it: running at the
+        stage of fitting the adapters, or succeeded with the plan (no worker runs it: it
+        was never queued)."""
+        from service.state.jobs.store import JobStore
+
+        jobs = JobStore(stack.registry_dir)
+        job = jobs.create("plan", PLANNED, self.params, by="ops")
+        jobs.start(job.id, "plan-fixture:1")
+        jobs.beat(job.id, {"stage": "fit the adapters"})
+        if finished:
+            self.finish(stack, job.id)
+        return job.id
+
+    def finish(self, stack: Stack, job_id: str) -> None:
+        from service.state.jobs.store import JobStore
+
+        JobStore(stack.registry_dir).finish(job_id, "succeeded", progress={"stage": "done"},
+                                            result={"plan": self.plan, "basis": self.basis})
+
+
+@pytest.fixture(scope="module")
+def planned(stack: Stack, micro_versions: dict[str, Path],
+            tmp_path_factory: pytest.TempPathFactory) -> Planned:
+    """Gallery 'planned' (16 of the world's items, served by the micro v1, the world as its
+    validation set), a candidate trained on the world for real (a micro model with a wider
+    text tower, registered as 'candidate': it beats the random v1 in both directions, so
+    every measured option has a share of the gain), and its plan computed for real by
+    ``run_plan`` on the gallery's sample, as a plan job's worker would."""
+    from service.jobkinds.plan import PlanParams, basis_now
+    from service.state.registry import Registry
+    from training.artifacts import load_artifact
+    from training.contrastive import train_contrastive
+    from training.data import open_dataset
+    from training.trainer import TrainConfig
+    from training.upgrades.adapter.fit import sample_from_dataset
+    from training.upgrades.plan.decide import Constraints
+    from training.upgrades.plan.run import run_plan
+
+    stack.api("POST", "/v1/galleries", json={"name": PLANNED, "space": "v1", "version": "v1",
+                                             "validation": str(stack.world)})
+    items = []
+    for n in range(PLANNED_ITEMS):
+        _, image = stack.image(n)
+        items.append({"id": f"p{n}", "text": stack.caption(n),
+                      "image_base64": b64(image.read_bytes())})
+    stack.api("POST", f"/v1/galleries/{PLANNED}/items", json={"items": items})
+    world = open_dataset(stack.world)
+    candidate = train_contrastive(micro_model(96), world,
+                                  TrainConfig(steps=200, batch_size=20, lr=3e-3, warmup=0.0),
+                                  tmp_path_factory.mktemp("candidate") / "candidate",
+                                  version_id="candidate", device="cpu", show_progress=False)
+    registry = Registry(stack.registry_dir)
+    registry.register(candidate.path, by="fixture")
+    old = load_artifact(micro_versions["v1"])
+    sample = sample_from_dataset(old, world, k=PLANNED_ITEMS)
+    plan = run_plan(candidate, old, "v1", sample, world, PLANNED_ITEMS, Constraints(),
+                    device="cpu")
+    assert plan["recommendation"]["option"] and plan["curve"], plan["recommendation"]
+    assert [o for o in plan["options"] if o.get("share")], "no option has a share of the gain"
+    params = PlanParams.model_validate({"new": {"version": "candidate"},
+                                        "sample": PLANNED_ITEMS}).model_dump(by_alias=True)
+    basis = basis_now(registry, ApiCount(stack), PLANNED, None)  # type: ignore[arg-type]
+    assert basis["items"] == PLANNED_ITEMS and basis["incumbent"] == "v1"
+    return Planned(json.loads(json.dumps(params)), plan, basis)
+
+
+def open_plans(page: Any, stack: Stack) -> None:
+    page.goto(f"{stack.url}/#models")
+    use_key(page)
+    picker = page.locator("#plan-form select[name=gallery]")
+    expect(picker.locator(f"option[value={PLANNED}]")).to_have_count(1)
+    picker.select_option(PLANNED)
+
+
+def marker_x(chart: Any, option: str, direction: str) -> float:
+    """The centre (x, in the chart's own units) of an option's marker."""
+    return chart.locator(f"g.option-marker[data-option='{option}']"
+                         f"[data-direction={direction}] .dot").evaluate(
+        "(dot) => { const b = dot.getBBox(); return b.x + b.width / 2; }")
+
+
+def test_a_plan_is_polled_then_drawn_with_its_options(page: Any, stack: Stack,
+                                                      planned: Planned) -> None:
+    """A running plan shows its stage; once it is done the page, polling by itself, draws
+    the plan: a marker per measured option and direction (none for an estimated one),
+    the recommended option's ringed, error bars, the migration's curve per direction, on
+    a log scale of compute; and the table, the recommendation and its why."""
+    plan_id = planned.record(stack, finished=False)
+    open_plans(page, stack)
+    row = page.locator(f"#plans tr[data-plan={plan_id}]")
+    expect(row.locator(".plan-status .badge").first).to_have_text("running")
+    expect(row).to_contain_text("fit the adapters")
+    panel = page.locator(f"#plan-detail .plan[data-plan={plan_id}]")
+    expect(panel.locator("svg.plan-chart")).to_have_count(0)
+
+    planned.finish(stack, plan_id)
+    chart = panel.locator("svg.plan-chart")
+    expect(chart).to_be_visible(timeout=JOB_MS)  # no click: the page polled
+    expect(row.locator(".plan-status .badge").first).to_have_text("succeeded")
+    plan = planned.plan
+    shared = {o["name"]: [d for d in ("t2i", "i2t") if (o.get("share") or {}).get(d)]
+              for o in plan["options"] if o["measured"]}
+    expect(chart).to_have_attribute("data-markers", str(sum(map(len, shared.values()))))
+    for o in plan["options"]:
+        markers = chart.locator(f"g.option-marker[data-option='{o['name']}']")
+        expect(markers).to_have_count(len(shared.get(o["name"], [])))  # estimated: none
+        for d in shared.get(o["name"], []):
+            share = o["share"][d]
+            marker = chart.locator(f"g.option-marker[data-option='{o['name']}']"
+                                   f"[data-direction={d}]")
+            assert float(marker.get_attribute("data-share")) == share["share"]
+            expect(marker.locator("line.error-bar")).to_have_count(int(bool(share["se"])))
+    # t2i and i2t are told apart by their shape.
+    expect(chart.locator("g.marker-t2i circle.dot").first).to_be_attached()
+    expect(chart.locator("g.marker-i2t rect.dot").first).to_be_attached()
+    best = plan["recommendation"]["option"]
+    recommended = chart.locator("g.option-marker[data-recommended]")
+    expect(recommended).to_have_count(len(shared[best]))
+    assert set(recommended.evaluate_all("gs => gs.map((g) => g.dataset.option)")) == {best}
+    expect(recommended.locator("circle.ring")).to_have_count(len(shared[best]))
+    for d in ("t2i", "i2t"):
+        points = [p for p in plan["curve"]["points"] if (p.get(d) or {}).get("share") is not None]
+        line = chart.locator(f"polyline.plan-curve[data-direction={d}]")
+        expect(line).to_have_attribute("data-points", str(len(points)))
+        expect(line).to_have_attribute("data-option", plan["curve"]["option"])
+    # Compute on a log scale: equal ratios of compute, equal distances.
+    computes = sorted({(o["compute"]["fraction"], o["name"]) for o in plan["options"]
+                       if "t2i" in shared.get(o["name"], [])})
+    low, mid, high = computes[0], computes[len(computes) // 2], computes[-1]
+    assert low[0] < mid[0] < high[0], computes
+    xs = [marker_x(chart, name, "t2i") for _, name in (low, mid, high)]
+    logs = [math.log10(c) for c, _ in (low, mid, high)]
+    assert (xs[1] - xs[0]) / (xs[2] - xs[0]) == pytest.approx(
+        (logs[1] - logs[0]) / (logs[2] - logs[0]), abs=0.01)
+    # The table, the recommendation and its why.
+    table = panel.locator("table.plan-options")
+    expect(table.locator("tbody tr")).to_have_count(len(plan["options"]))
+    expect(table.locator("tr.recommended")).to_have_attribute("data-option", best)
+    for name, directions in shared.items():
+        o = next(o for o in plan["options"] if o["name"] == name)
+        for d in directions:
+            s = o["share"][d]
+            text = f"{100 * s['share']:.1f}%" + (f" ± {100 * s['se']:.1f}%" if s["se"] is not None
+                                                 else "")
+            expect(table.locator(f"tr[data-option='{name}'] [data-field=share-{d}]")).to_have_text(
+                text)
+        if o["why_not"]:
+            expect(table.locator(f"tr[data-option='{name}']")).to_contain_text(o["why_not"])
+    expect(panel.locator(".plan-recommendation code")).to_have_text(best)
+    expect(panel.locator(".plan-recommendation [data-field=why]")).to_have_text(
+        plan["recommendation"]["why"])
+    applicable = [o["name"] for o in plan["options"] if o["applicable"]]
+    expect(table.locator("button[data-action=apply]")).to_have_count(len(applicable))
+    expect(panel.locator("[data-field=stale]")).to_have_count(0)  # it describes the gallery
+    expect(panel.locator("input[name=force]")).to_have_count(0)
+
+
+def test_a_plan_is_started_and_applied_from_the_page(page: Any, stack: Stack, planned: Planned,
+                                                     no_jobs_left: None) -> None:
+    """The form starts a plan job (the server's message when it refuses one); a finished
+    plan's options are applied: a migration before the candidate serves is refused with
+    why, a route starts its adapter job, and once the gallery moved (the plan is stale)
+    only a forced apply with a reason is taken."""
+    plan_id = planned.record(stack, finished=True)
+    open_plans(page, stack)
+    form = page.locator("#plan-form")
+    form.locator("input[name=version]").fill("no-such-version")
+    form.locator("button[type=submit]").click()
+    expect(page.locator("#plan-status.error")).to_contain_text("no-such-version")
+    form.locator("input[name=version]").fill("candidate")
+    form.locator("input[name=sample]").fill("8")
+    form.locator("select[name=objective]").select_option("mean")
+    form.locator("input[name=max_negative_flip]").fill("0.2")
+    form.locator("button[type=submit]").click()
+    expect(page.locator("#plan-status.ok")).to_contain_text("Started plan job")
+    started = re.search(r"Started plan job (\S+) of", page.text_content("#plan-status"))
+    assert started, page.text_content("#plan-status")
+    job = stack.api("GET", f"/v1/jobs/{started.group(1)}")
+    assert job["kind"] == "plan" and job["gallery"] == PLANNED
+    assert subset(job["params"], {"sample": 8, "objective": "mean"})
+    assert job["params"]["constraints"]["max_negative_flip"] == 0.2
+    expect(page.locator(f"#plans tr[data-plan={job['id']}]")).to_be_visible()
+    stack.api("DELETE", f"/v1/jobs/{job['id']}")  # the worker need not run it
+
+    page.locator(f"#plans tr[data-plan={plan_id}] button.link").click()
+    panel = page.locator(f"#plan-detail .plan[data-plan={plan_id}]")
+    expect(panel.locator("svg.plan-chart")).to_be_visible()
+    panel.locator("button[data-action=apply][data-option='migrate']").click()
+    expect(page.locator("#plan-status.error")).to_contain_text(
+        "a migration re-embeds with the version that serves")
+    panel.locator("button[data-action=apply][data-option='route:procrustes']").click()
+    expect(page.locator("#plan-status.ok")).to_contain_text(
+        "Applied route:procrustes: started adapter job")
+    expect(panel.locator(".plan-applied li[data-option='route:procrustes']")).to_be_visible()
+    applied = stack.api("GET", f"/v1/galleries/{PLANNED}/plans/{plan_id}")["applied"]
+    adapter = stack.api("GET", f"/v1/jobs/{applied[0]['job']}")
+    option = next(o for o in planned.plan["options"] if o["name"] == "route:procrustes")
+    assert adapter["kind"] == "adapter" and adapter["auto_promote"] is True
+    assert adapter["params"]["config"] == option["apply"]["config"]
+
+    # The gallery grows by a quarter: the plan no longer describes it.
+    more = []
+    for n in range(PLANNED_ITEMS, PLANNED_ITEMS + 4):
+        _, image = stack.image(n)
+        more.append({"id": f"p{n}", "text": stack.caption(n),
+                     "image_base64": b64(image.read_bytes())})
+    stack.api("POST", f"/v1/galleries/{PLANNED}/items", json={"items": more})
+    open_plans(page, stack)
+    page.locator(f"#plans tr[data-plan={plan_id}] button.link").click()
+    expect(panel.locator("[data-field=stale]")).to_contain_text(
+        f"the gallery holds {PLANNED_ITEMS + 4} items, {PLANNED_ITEMS} when planned")
+    expect(page.locator(f"#plans tr[data-plan={plan_id}] .plan-status")).to_contain_text("stale")
+    affine = panel.locator("button[data-action=apply][data-option='route:affine']")
+    affine.click()
+    expect(page.locator("#plan-status.error")).to_contain_text("is stale")
+    panel.locator("input[name=force]").check()
+    affine.click()
+    expect(page.locator("#plan-status.error")).to_contain_text("needs a reason")
+    panel.locator("input[name=reason]").fill("browser drill")
+    affine.click()
+    expect(page.locator("#plan-status.ok")).to_contain_text(
+        "Applied route:affine (forced): started adapter job")
+    forced = panel.locator(".plan-applied li[data-option='route:affine']")
+    expect(forced).to_contain_text("browser drill")
+    expect(forced.locator(".badge")).to_have_text("forced")
+    applied = stack.api("GET", f"/v1/galleries/{PLANNED}/plans/{plan_id}")["applied"]
+    assert [(a["option"], a["forced"], a["reason"]) for a in applied] == [
+        ("route:procrustes", False, None), ("route:affine", True, "browser drill")]

@@ -204,3 +204,122 @@ def test_every_body_of_the_migration_options_is_a_valid_migration(
             assert body.get("sample") == (64 if form["sample"] == "64" else None)
         else:
             assert body.get("order", "id") == ("random" if form["order"] == "random" else "id")
+
+
+# ---------------------------------------------------------------- the plan form
+# ``planBody`` of views.js: the POST /v1/galleries/{gallery}/plans body of the plan form's
+# values (index.html's #plan-form), between these markers.
+PLAN_FROM, PLAN_TO = "// PLAN BODY", "// END PLAN BODY"
+CONSTRAINTS = ("max_added_latency_ms", "max_negative_flip", "budget", "budget_gpu_hours")
+
+
+class PlanFields(HTMLParser):
+    """The plan form's fields: name -> attributes (inputs), name -> option values (selects)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inside = False
+        self.inputs: dict[str, dict[str, str]] = {}
+        self.selects: dict[str, list[str]] = {}
+        self._select: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = {k: v or "" for k, v in attrs}
+        if tag == "form":
+            self.inside = a.get("id") == "plan-form"
+        if not self.inside:
+            return
+        if tag == "input" and a.get("name"):
+            self.inputs[a["name"]] = a
+        elif tag == "select":
+            self._select = a["name"]
+            self.selects[self._select] = []
+        elif tag == "option" and self._select is not None:
+            self.selects[self._select].append(a["value"])
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "select":
+            self._select = None
+        elif tag == "form":
+            self.inside = False
+
+
+def plan_bodies(forms: list[dict[str, str]]) -> list[dict[str, Any]]:
+    source = (STATIC / "views.js").read_text()
+    start, end = source.find(PLAN_FROM), source.find(PLAN_TO)
+    assert 0 <= start < end, f"views.js: the plan body builder between {PLAN_FROM!r} and " \
+                             f"{PLAN_TO!r} moved"
+    script = (source[start:end].replace("export function", "function")
+              + "\nconst forms = JSON.parse(require('fs').readFileSync(0));"
+              "\nprocess.stdout.write(JSON.stringify(forms.map(planBody)));\n")
+    run = subprocess.run(["node", "-e", script], input=json.dumps(forms), text=True,
+                         capture_output=True, timeout=60, check=False)
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)
+
+
+@pytest.fixture(scope="module")
+def plan_schema(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from service.api.app import create_app
+    from service.state.config import Settings
+
+    spec = create_app(Settings(data_dir=tmp_path_factory.mktemp("data"))).openapi()
+    post = spec["paths"]["/v1/galleries/{gallery}/plans"]["post"]
+    return {**post["requestBody"]["content"]["application/json"]["schema"],
+            "components": spec["components"]}
+
+
+def test_every_body_of_the_plan_form_is_a_valid_plan(plan_schema: dict[str, Any]) -> None:
+    """The plan form (its fields as index.html has them) makes, for every objective it
+    offers and any mix of the sample and the four constraints set or left empty, a body
+    the OpenAPI document and the API's own model accept, holding exactly what was typed;
+    empty fields are left out (the server's defaults)."""
+    import jsonschema_rs
+
+    from service.api.schemas.plans import PlanIn
+
+    fields = PlanFields()
+    fields.feed((STATIC / "index.html").read_text())
+    assert set(fields.inputs) == {"version", "sample", *CONSTRAINTS}, fields.inputs
+    assert set(fields.selects) == {"gallery", "objective"}
+    validator = jsonschema_rs.validator_for(plan_schema)
+    typed = {"sample": "64", "max_added_latency_ms": "2.5", "max_negative_flip": "0.02",
+             "budget": "0.1", "budget_gpu_hours": "0"}
+    forms = [{"version": " v2 ", "objective": objective,
+              **{name: (value if (n >> k) & 1 else "") for k, (name, value)
+                 in enumerate(typed.items())}}
+             for objective in fields.selects["objective"] for n in range(2 ** len(typed))]
+    made = plan_bodies([{}, *forms])
+    assert made[0] == {"new": {"version": ""}}  # nothing typed: the server says what's missing
+    for form, body in zip(forms, made[1:], strict=True):
+        errors = [e.message for e in validator.iter_errors(body)]
+        assert errors == [], (form, body, errors)
+        parsed = PlanIn.model_validate(body)
+        assert parsed.new.version == "v2" and parsed.objective == form["objective"]
+        assert body.get("sample") == (64 if form["sample"] else None)
+        for name in CONSTRAINTS:
+            typed_in = form[name]
+            assert getattr(parsed.constraints, name) == (float(typed_in) if typed_in else None)
+            assert (name in body.get("constraints", {})) == bool(typed_in), (form, body)
+
+
+def test_a_plan_value_out_of_range_is_sent_for_the_server_to_refuse(
+        plan_schema: dict[str, Any]) -> None:
+    """Out of its range, a typed number is not dropped (a constraint dropped in silence
+    would let the plan recommend what the person meant to rule out): the API refuses the
+    body, and its message names the field."""
+    import jsonschema_rs
+    from pydantic import ValidationError
+
+    from service.api.schemas.plans import PlanIn
+
+    validator = jsonschema_rs.validator_for(plan_schema)
+    cases = {"sample": "3", "max_negative_flip": "1.5", "budget": "-1",
+             "max_added_latency_ms": "-0.5"}
+    made = plan_bodies([{"version": "v2", name: value} for name, value in cases.items()])
+    for (name, value), body in zip(cases.items(), made, strict=True):
+        where = body if name == "sample" else body["constraints"]
+        assert where[name] == float(value), body
+        assert not validator.is_valid(body), body
+        with pytest.raises(ValidationError, match=name):
+            PlanIn.model_validate(body)

@@ -1,11 +1,12 @@
 // The gateway's page: search, models (lineage, gate reports, promote / roll back, gallery
-// migrations) and jobs.
+// migrations, upgrade plans) and jobs.
 // Plain ES2020 module, no build step: it talks to the same JSON API as any client, with
 // the API key the person typed (kept in sessionStorage, so it goes away with the tab).
 
 import {
   ago, el, fmt, forcedList, galleriesTable, gateBadge, gateOf, gateReport, gateReports, isActive,
-  lineageTree, migrationPanel, progressOf, statusBadge, versionFacts, versionGateBadge,
+  lineageTree, migrationPanel, planBody, planPanel, plansTable, progressOf, statusBadge,
+  versionFacts, versionGateBadge,
 } from "./views.js";
 
 const KEY_STORE = "nobackfill.apiKey";
@@ -24,8 +25,14 @@ const state = {
   migrationForms: {},  // gallery -> {reason, force, drop} typed in its panel
   migrateForms: {},   // gallery -> {transform, order, switch, sample} of a new migration
   swapForms: {},    // version -> {gallery, reason, force} typed in its promote form
-  shown: {galleries: "", migrations: ""},  // what was last drawn (redraw only on change)
+  plans: [],        // GET .../plans of the plan panel's gallery
+  planGallery: null,  // the gallery the plan panel shows
+  openPlan: null,   // plan shown in detail (default: the newest)
+  planForms: {},    // plan id -> {force, reason} typed in its panel
+  shown: {galleries: "", migrations: "", plans: ""},  // what was last drawn (redraw on change)
   pollTimer: null,
+  planTimer: null,  // the plan panel's poll, while one of its plans runs
+  planLoad: 0,      // bumped per load of the plans (a newer one wins)
   pollRun: 0,       // bumped on every stop, so a poll still in flight does not re-arm
   blobs: [],        // object URLs of thumbnails fetched with a key, revoked on re-render
 };
@@ -330,6 +337,7 @@ async function loadModels(quiet = false) {
     renderModels();
   });
   pollMigrations();
+  await loadPlans();
 }
 
 /** GET .../migration of every gallery that has one open (404: it ended meanwhile). */
@@ -379,7 +387,7 @@ function pollMigrations() {
 }
 
 function renderModels() {
-  state.shown = {galleries: "", migrations: ""};
+  state.shown = {galleries: "", migrations: "", plans: ""};
   renderGalleries();
   $("lineage").replaceChildren(lineageTree(state.versions, state.galleries, state.selected,
     (id) => {
@@ -388,6 +396,7 @@ function renderModels() {
     }));
   $("version-options").replaceChildren(...state.versions.map((v) =>
     el("option", {value: v.version_id})));
+  renderPlanGalleries();
   const version = state.versions.find((v) => v.version_id === state.selected);
   $("version-detail").replaceChildren(version ? versionDetail(version)
     : el("p", {class: "muted"}, "Pick a version."));
@@ -453,6 +462,113 @@ function migrationCalls(view) {
     cancel: () => call("cancel", {path: `/v1/jobs/${enc(view.job)}`, method: "DELETE"},
       () => `Asked migration job ${view.job} to stop; its new side is dropped.`),
   };
+}
+
+// ------------------------------------------------------------------ upgrade plans
+
+function setupPlans() {
+  const form = $("plan-form");
+  form.elements.gallery.addEventListener("change", () => {
+    state.planGallery = form.elements.gallery.value;
+    state.openPlan = null;
+    loadPlans();
+  });
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    startPlan(form);
+  });
+}
+
+const plansPath = (gallery, rest = "") => `/v1/galleries/${enc(gallery)}/plans${rest}`;
+
+/** The plan form's gallery picker: the one picked stays; else the search's gallery, else
+ * the first. */
+function renderPlanGalleries() {
+  const names = state.galleries.map((g) => g.name);
+  if (!names.includes(state.planGallery)) {
+    state.planGallery = names.includes($("gallery").value) ? $("gallery").value
+      : (names[0] ?? null);
+  }
+  const select = $("plan-form").elements.gallery;
+  select.replaceChildren(...state.galleries.map((g) => el("option", {value: g.name},
+    `${g.name} (active ${g.active})`)));
+  select.value = state.planGallery ?? "";
+}
+
+/** The plans of the panel's gallery, drawn; polled every POLL_MS while one of them is
+ * queued or running (the newest load wins: an older answer is dropped; an error is shown
+ * and the poll goes on). */
+async function loadPlans() {
+  clearTimeout(state.planTimer);
+  const gallery = state.planGallery;
+  const run = state.pollRun;
+  state.planLoad += 1;
+  const load = state.planLoad;
+  let plans = null;
+  try {
+    plans = gallery ? await api(plansPath(gallery)) : [];
+  } catch (error) {
+    setStatus("plan-status", error.message || String(error), "error");
+  }
+  if (load !== state.planLoad || run !== state.pollRun) return;
+  if (plans) {
+    state.plans = plans;
+    renderPlans();
+  }
+  pollPlans(run);
+}
+
+function pollPlans(run) {
+  if (run !== state.pollRun || state.tab !== "models" || !state.plans.some(isActive)) return;
+  state.planTimer = setTimeout(() => (document.hidden ? pollPlans(run) : loadPlans()),
+    POLL_MS);
+}
+
+/** The list and the open plan (the newest unless one was picked); redrawn only when they
+ * changed, so a force or reason typed into the plan is not lost to a poll. */
+function renderPlans() {
+  const plans = state.plans;
+  if (!plans.some((p) => p.id === state.openPlan)) state.openPlan = plans[0]?.id ?? null;
+  const key = JSON.stringify([state.planGallery, state.openPlan, plans]);
+  if (key === state.shown.plans) return;
+  state.shown.plans = key;
+  $("plans").replaceChildren(plansTable(plans, state.openPlan, (id) => {
+    state.openPlan = id;
+    renderPlans();
+  }));
+  const open = plans.find((p) => p.id === state.openPlan);
+  if (open && !state.planForms[open.id]) state.planForms[open.id] = {};
+  $("plan-detail").replaceChildren(...(open ? [planPanel(open,
+    {apply: (option, how) => applyPlan(open, option, how)}, state.planForms[open.id])] : []));
+}
+
+/** POST a plan of the form's gallery (``planBody``: only what was set). */
+async function startPlan(form) {
+  const gallery = form.elements.gallery.value;
+  if (!gallery) {
+    setStatus("plan-status", "Pick a gallery.", "error");
+    return;
+  }
+  const values = Object.fromEntries(new FormData(form));
+  await guarded("plan-status", async () => {
+    const job = await api(plansPath(gallery), {method: "POST", json: planBody(values)});
+    setStatus("plan-status", `Started plan job ${job.id} of ${gallery}.`, "ok");
+    state.openPlan = job.id;
+  });
+  await loadPlans();
+}
+
+/** Apply one option of a finished plan; the server's answer (the job it started) or its
+ * refusal (stale, a migration before the candidate serves, no reason) in the status. */
+async function applyPlan(plan, option, {force, reason}) {
+  await guarded("plan-status", async () => {
+    const answer = await api(plansPath(plan.gallery, `/${enc(plan.id)}/apply`),
+      {method: "POST", json: {option, force, reason}});
+    delete state.planForms[plan.id];
+    setStatus("plan-status", `Applied ${answer.option}${answer.forced ? " (forced)" : ""}: ` +
+      `started ${answer.job.kind} job ${answer.job.id}.`, "ok");
+  });
+  await loadPlans();
 }
 
 function versionDetail(version) {
@@ -615,7 +731,9 @@ function startPolling() {
 function stopPolling() {
   state.pollRun += 1;
   clearTimeout(state.pollTimer);
+  clearTimeout(state.planTimer);
   state.pollTimer = null;
+  state.planTimer = null;
 }
 
 async function pollJobs() {
@@ -719,6 +837,7 @@ function main() {
   setupKey();
   setupSearch();
   setupJobs();
+  setupPlans();
   window.addEventListener("hashchange", () => showTab(location.hash.slice(1)));
   loadGalleries();
   showTab(location.hash.slice(1) || "search");

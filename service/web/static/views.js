@@ -721,3 +721,334 @@ function migrationControls(view, actions, on, form, unreadable) {
       ? view.source?.space : view.target?.space} side`, () => on.retire()) : null,
     actions.cancel ? button("cancel", "Cancel migration", () => on.cancel()) : null);
 }
+
+// ------------------------------------------------------------------ upgrade plans
+
+// PLAN BODY (tests/test_web_form.py runs this function under node)
+const PLAN_CONSTRAINTS = ["max_added_latency_ms", "max_negative_flip", "budget",
+  "budget_gpu_hours"];
+
+/** The POST /v1/galleries/{gallery}/plans body of the plan form's values (strings, as
+ * typed): the candidate version, the objective, and the optional fields that were set, so
+ * the server's defaults apply to the rest. A number out of its range is sent as typed: the
+ * server's message says what to change (a constraint dropped in silence would let the
+ * plan recommend what the person meant to rule out). */
+export function planBody(values = {}) {
+  const number = (name) => {
+    const text = String(values[name] ?? "").trim();
+    return text !== "" && Number.isFinite(Number(text)) ? Number(text) : undefined;
+  };
+  const body = {new: {version: String(values.version ?? "").trim()}};
+  const sample = number("sample");
+  if (sample !== undefined) body.sample = sample;
+  if (["lower", "mean", "t2i", "i2t"].includes(values.objective)) {
+    body.objective = values.objective;
+  }
+  const constraints = Object.fromEntries(PLAN_CONSTRAINTS.map((name) => [name, number(name)])
+    .filter(([, value]) => value !== undefined));
+  if (Object.keys(constraints).length) body.constraints = constraints;
+  return body;
+}
+// END PLAN BODY
+
+/** ``{share, se}`` of a share of the gain as a plan writes it (``se`` null when absent). */
+function gainOf(value) {
+  if (!isObject(value) || !isNumber(value.share)) return null;
+  return {share: value.share, se: isNumber(value.se) ? value.se : null};
+}
+
+const gainText = (g) => (g ? `${pct(g.share)}${g.se !== null ? ` ± ${pct(g.se)}` : ""}` : "–");
+
+/** Bytes as "512 B", "3.1 kB", "12.4 MB", "1.2 GB". */
+function bytes(n) {
+  if (!isNumber(n)) return "–";
+  const units = ["B", "kB", "MB", "GB", "TB"];
+  let value = n;
+  let unit = 0;
+  while (Math.abs(value) >= 1000 && unit < units.length - 1) {
+    value /= 1000;
+    unit += 1;
+  }
+  return unit ? `${value.toFixed(1)} ${units[unit]}` : `${value} B`;
+}
+
+/** A compute fraction of a full backfill: "0.0031×", "1.62×", "164×". */
+function times(fraction) {
+  if (!isNumber(fraction)) return "–";
+  return `${fraction >= 10 ? fraction.toFixed(0) : Number(fraction.toPrecision(3))}×`;
+}
+
+/** The gallery's plans, newest first: status, progress, candidate, whether stale. */
+export function plansTable(plans, openId, onOpen) {
+  if (!plans.length) return el("p", {class: "muted small"}, "No plans for this gallery yet.");
+  const rows = plans.map((p) => el("tr", {"data-plan": p.id,
+    class: p.id === openId ? "selected" : ""},
+  el("td", {}, el("button", {type: "button", class: "link", onclick: () => onOpen(p.id)},
+    String(p.id).slice(0, 12))),
+  el("td", {}, p.params?.new?.version ?? p.params?.new?.arch ?? "?"),
+  el("td", {class: "plan-status"}, statusBadge(p.status),
+    p.stale?.length ? badge("stale", "forced") : null),
+  el("td", {}, isActive(p) ? progressOf(p) : (p.plan?.recommendation?.option ?? "")),
+  el("td", {class: "small muted"}, ago(p.created_at))));
+  return el("table", {class: "data plans"},
+    el("thead", {}, el("tr", {}, ["plan", "candidate", "status", "progress / recommended",
+      "started"].map((h) => el("th", {}, h)))),
+    el("tbody", {}, rows));
+}
+
+/** One plan: what it measured, its progress while it runs, then the recommendation and
+ * why, why it is stale (if it is), the chart, the table of options with an Apply button
+ * per applicable option, and what was applied. ``on.apply(option, {force, reason})``;
+ * ``form`` keeps the force and reason typed in across redraws. */
+export function planPanel(view, on, form = {}) {
+  const plan = isObject(view.plan) ? view.plan : null;
+  const params = isObject(view.params) ? view.params : {};
+  const stale = Array.isArray(view.stale) ? view.stale : [];
+  return el("div", {class: "plan panel-inner", "data-plan": view.id},
+    el("h3", {}, `Plan ${view.id} `, statusBadge(view.status),
+      stale.length ? badge("stale", "forced") : null),
+    el("p", {class: "small muted"},
+      `candidate ${params.new?.version ?? params.new?.arch ?? "?"} · objective ` +
+      `${params.objective ?? "lower"} · sample ${params.sample ?? "default"} · started ` +
+      `${ago(view.created_at)}${view.ended_at ? ` · ended ${ago(view.ended_at)}` : ""}`),
+    isActive(view) ? progressOf(view) : null,
+    view.error ? el("pre", {class: "raw bad-text"}, view.error) : null,
+    stale.length ? el("div", {class: "plan-stale bad-text small", "data-field": "stale"},
+      el("strong", {}, "Stale: "), "this plan no longer describes the gallery. ",
+      el("ul", {}, stale.map((reason) => el("li", {}, reason)))) : null,
+    plan ? [recommendation(plan), planChart(plan), planApply(view, stale, form),
+      planTable(plan, view.status === "succeeded" ? on.apply : null, stale, form),
+      planFacts(plan)] : null,
+    appliedList(view.applied));
+}
+
+function recommendation(plan) {
+  const rec = isObject(plan.recommendation) ? plan.recommendation : {};
+  const set = Object.entries(isObject(rec.constraints) ? rec.constraints : {})
+    .filter(([, v]) => v !== null && v !== undefined).map(([k, v]) => `${k} ${fmt(v)}`);
+  return el("div", {class: "plan-recommendation", "data-option": rec.option ?? ""},
+    el("p", {}, el("strong", {}, "Recommended: "),
+      rec.option ? el("code", {}, rec.option) : el("span", {class: "muted"}, "none")),
+    el("p", {class: "small", "data-field": "why"}, rec.why ?? ""),
+    el("p", {class: "small muted"}, `constraints: ${set.length ? set.join(", ") : "none"}` +
+      ` · objective ${plan.objective ?? "lower"}`),
+    rec.rule ? el("details", {class: "small muted"}, el("summary", {}, "the rule"), rec.rule)
+      : null);
+}
+
+/** Force and reason, shown only when the plan is stale (the API refuses it otherwise). */
+function planApply(view, stale, form) {
+  if (!stale.length || view.status !== "succeeded") return null;
+  const force = el("input", {type: "checkbox", name: "force",
+    onchange: () => { form.force = force.checked; }});
+  force.checked = Boolean(form.force);
+  const reason = el("input", {name: "reason", placeholder: "reason (recorded)",
+    value: form.reason ?? "", oninput: () => { form.reason = reason.value; }});
+  return el("div", {class: "swap plan-force"},
+    el("label", {class: "check"}, force, " force (apply the stale plan)"), reason);
+}
+
+const OPTION_COLUMNS = ["option", "share t2i", "share i2t", "negative flip", "added ms",
+  "compute", "storage", "why not", ""];
+
+/** The options: share of the gain per direction (± its standard error), negative flip,
+ * added query latency, compute, storage, why it was not chosen; Apply where applicable
+ * (``apply`` null: the plan is not finished). */
+function planTable(plan, apply, stale, form) {
+  const options = Array.isArray(plan.options) ? plan.options.filter(isObject) : [];
+  const onApply = apply && ((name) => apply(name, {force: stale.length > 0 && Boolean(form.force),
+    reason: String(form.reason ?? "").trim() || null}));
+  return el("div", {class: "table-scroll"}, el("table", {class: "data plan-options"},
+    el("thead", {}, el("tr", {}, OPTION_COLUMNS.map((h) => el("th", {}, h)))),
+    el("tbody", {}, options.map((o) => optionRow(o, onApply)))));
+}
+
+/** "t2i 1.5% · i2t 0.0%" of a per-direction value. */
+const perDirection = (v, format) => (isObject(v) ? DIRECTIONS.filter(([d]) => d in v)
+  .map(([d]) => `${d} ${format(v[d])}`).join(" · ") : "–");
+
+function optionRow(o, onApply) {
+  const latency = o.added_latency_ms;
+  const storage = isObject(o.storage) && Object.keys(o.storage).length ? o.storage : null;
+  return el("tr", {"data-option": o.name, class: o.recommended ? "recommended" : ""},
+    el("td", {}, el("code", {}, o.name), o.recommended ? badge("recommended", "ok") : null,
+      o.measured ? null : badge("estimated", "none"),
+      el("div", {class: "small muted"}, o.label ?? "")),
+    DIRECTIONS.map(([d]) => el("td", {class: "num", "data-field": `share-${d}`},
+      gainText(gainOf(o.share?.[d])))),
+    el("td", {class: "num small"}, perDirection(o.negative_flip, pct)),
+    el("td", {class: "num small"}, isObject(latency)
+      ? `text ${fmt(latency.text)} · image ${fmt(latency.image)}` : "–"),
+    el("td", {class: "num", title: `${fmt(o.compute?.seconds)} s`}, times(o.compute?.fraction),
+      el("div", {class: "small muted"}, duration(o.compute?.seconds))),
+    el("td", {class: "num small"}, storage ? `gallery ${bytes(storage.gallery_bytes)} · ` +
+      `model ${bytes(storage.model_bytes)}` : "–"),
+    el("td", {class: "small"}, o.why_not ?? "",
+      o.note ? el("div", {class: "muted"}, o.note) : null),
+    el("td", {class: "actions"}, onApply && o.applicable ? el("button", {type: "button",
+      class: o.recommended ? "primary" : "", "data-action": "apply", "data-option": o.name,
+      onclick: () => onApply(o.name)}, "Apply") : null));
+}
+
+function planFacts(plan) {
+  const backfill = isObject(plan.backfill) ? plan.backfill : {};
+  const base = isObject(plan.baseline) ? plan.baseline : {};
+  const r1 = (v) => (isObject(v) ? DIRECTIONS.map(([d]) => `${d} ${fmt(v[d])}`).join(", ")
+    : "–");
+  return el("dl", {class: "facts plan-facts small"}, [
+    ["full backfill", `${fmt(backfill.items)} items at ${fmt(backfill.items_per_s)} items/s: ` +
+      `${duration(backfill.seconds)}`],
+    ["R@1 old → old", r1(base["old->old"])], ["R@1 new → new", r1(base["new->new"])],
+    ["sample", `${fmt(plan.sample?.items)} items`],
+    ["validation", `${fmt(plan.validation?.items)} items`],
+  ].map(([k, v]) => [el("dt", {}, k), el("dd", {"data-field": k}, v)]));
+}
+
+function appliedList(applied) {
+  if (!Array.isArray(applied) || !applied.length) return null;
+  return el("div", {class: "plan-applied small"}, el("h4", {}, "Applied"),
+    el("ul", {}, applied.map((a) => el("li", {"data-option": a.option},
+      el("code", {}, a.option), ` → ${a.kind ?? "job"} job ${a.job} by ${a.by}, ${ago(a.at)}`,
+      a.forced ? [" ", badge("forced", "forced"), a.reason ? ` — ${a.reason}` : ""] : null))));
+}
+
+// ------------------------------------------------------------------ plan chart
+
+const COMPUTE_FLOOR = 1e-4;  // a compute fraction below (0 too) is drawn at this floor
+const SHAPES = {t2i: "circle", i2t: "square"};
+
+/** Ticks of a log axis from 10^logLo to 10^logHi: the decades inside (1e-4, 0.001, ...
+ * 1, 10, ...), with 2 and 5 times each when fewer than two decades fall inside. */
+function logTicks(logLo, logHi) {
+  const inside = (v) => Math.log10(v) >= logLo - 1e-9 && Math.log10(v) <= logHi + 1e-9;
+  const steps = [];
+  for (let e = Math.floor(logLo); e <= Math.ceil(logHi); e += 1) steps.push(e);
+  const decadesIn = steps.map((e) => 10 ** e).filter(inside);
+  if (decadesIn.length >= 2) return decadesIn;
+  return steps.flatMap((e) => [1, 2, 5].map((m) => m * 10 ** e)).filter(inside);
+}
+
+const tickText = (v) => (v >= 1e-3 && v < 1e5 ? String(Number(v.toPrecision(1)))
+  : v.toExponential(0));
+
+/** The measured points of the chart: per option and direction, its share of the gain at
+ * its compute; the migration's curve per direction. */
+function chartData(plan) {
+  const options = Array.isArray(plan.options) ? plan.options.filter(isObject) : [];
+  const markers = [];
+  for (const o of options) {
+    if (!o.measured || !isNumber(o.compute?.fraction)) continue;
+    for (const [d] of DIRECTIONS) {
+      const gain = gainOf(o.share?.[d]);
+      if (gain) markers.push({option: o, direction: d, x: o.compute.fraction, ...gain});
+    }
+  }
+  const curve = isObject(plan.curve) && Array.isArray(plan.curve.points)
+    ? plan.curve.points.filter((p) => isObject(p) && isNumber(p.compute)) : [];
+  const lines = DIRECTIONS.map(([d]) => [d, curve.map((p) => [p.compute, gainOf(p[d])])
+    .filter(([, g]) => g !== null)]).filter(([, points]) => points.length);
+  return {markers, lines};
+}
+
+const PLAN_BOX = {W: 520, H: 250, left: 44, right: 14, top: 12, bottom: 34};
+
+/** The chart's scales: x the log of compute (padded off the axes, a full backfill always
+ * in view), y the share of the gain (0 to 100% always in view, error bars included). */
+function planScale(markers, lines, box = PLAN_BOX) {
+  const xs = [...markers.map((m) => m.x), ...lines.flatMap(([, ps]) => ps.map(([c]) => c)), 1]
+    .map((c) => Math.log10(Math.max(COMPUTE_FLOOR, c)));
+  const pad = Math.max(0.15, 0.04 * (Math.max(...xs) - Math.min(...xs)));
+  const logLo = Math.min(...xs) - pad;
+  const logHi = Math.max(...xs) + pad;
+  const ys = [...markers.flatMap((m) => [m.share - (m.se ?? 0), m.share + (m.se ?? 0)]),
+    ...lines.flatMap(([, ps]) => ps.map(([, g]) => g.share)), 0, 1];
+  const yLo = Math.max(-1, Math.floor(Math.min(...ys) * 4) / 4);
+  const yHi = Math.min(2, Math.ceil(Math.max(...ys) * 4) / 4);
+  const {W, H, left, right, top, bottom} = box;
+  return {logLo, logHi, yLo, yHi,
+    x: (c) => left + (Math.log10(Math.max(COMPUTE_FLOOR, c)) - logLo) / (logHi - logLo) *
+      (W - left - right),
+    y: (v) => top + (1 - (Math.min(yHi, Math.max(yLo, v)) - yLo) / (yHi - yLo)) *
+      (H - top - bottom)};
+}
+
+/** Grid, ticks, axis titles, the axes and a dashed line at one full backfill. */
+function planAxes({x, y, logLo, logHi, yLo, yHi}, box = PLAN_BOX) {
+  const {W, H, left, right, top, bottom} = box;
+  const parts = [];
+  for (let v = yLo; v <= yHi + 1e-9; v += yHi - yLo > 1.5 ? 0.5 : 0.25) {
+    parts.push(svg("line", {class: "grid", x1: left, x2: W - right, y1: y(v), y2: y(v)}),
+      svg("text", {class: "tick", x: left - 4, y: y(v) + 3, "text-anchor": "end"},
+        `${Math.round(v * 100)}%`));
+  }
+  for (const c of logTicks(logLo, logHi)) {
+    parts.push(svg("line", {class: "grid", x1: x(c), x2: x(c), y1: top, y2: H - bottom}),
+      svg("text", {class: "tick", x: x(c), y: H - bottom + 12, "text-anchor": "middle"},
+        tickText(c)));
+  }
+  return [...parts,
+    svg("line", {class: "backfill-line", x1: x(1), x2: x(1), y1: top, y2: H - bottom},
+      svg("title", {}, "a full backfill")),
+    svg("text", {class: "tick", x: (left + W - right) / 2, y: H - 4, "text-anchor": "middle"},
+      "compute, × a full backfill (log scale)"),
+    svg("text", {class: "tick", x: 0, y: 0, "text-anchor": "middle",
+      transform: `translate(10 ${(top + H - bottom) / 2}) rotate(-90)`}, "share of the gain"),
+    svg("line", {class: "axis", x1: left, x2: left, y1: top, y2: H - bottom}),
+    svg("line", {class: "axis", x1: left, x2: W - right, y1: y(0), y2: y(0)})];
+}
+
+/** Share of the gain (y) against compute as a fraction of a full backfill (x, log): a
+ * marker per measured option and direction (t2i a circle, i2t a square) with its error
+ * bar, the recommended option ringed, and the migration's curve as it backfills. */
+export function planChart(plan) {
+  const {markers, lines} = chartData(plan);
+  const {W, H, left, right} = PLAN_BOX;
+  const scale = planScale(markers, lines);
+  const {x, y} = scale;
+  const option = isObject(plan.curve) ? plan.curve.option : null;
+  const curves = lines.map(([d, points]) => svg("polyline", {class: `plan-curve curve-${d}`,
+    "data-direction": d, "data-option": option, "data-points": points.length, fill: "none",
+    points: points.map(([c, g]) => `${x(c).toFixed(1)},${y(g.share).toFixed(1)}`).join(" ")},
+  svg("title", {}, `${option}: ${d} share of the gain as the backfill goes`)));
+  const empty = markers.length ? null : svg("text", {class: "tick no-share",
+    x: (left + W - right) / 2, y: y(0.5), "text-anchor": "middle"},
+  "no share of the gain to draw: see the recommendation");
+  const chart = svg("svg", {class: "plan-chart", viewBox: `0 0 ${W} ${H}`, width: W,
+    height: H, role: "img", "aria-label": "share of the gain against compute",
+    "data-markers": markers.length, "data-lines": lines.length},
+  planAxes(scale), curves, markers.map((m) => planMarker(m, x, y, W)), empty);
+  return el("div", {class: "plan-chart-box"}, chart, planLegend(option));
+}
+
+/** One option's marker in one direction; ``width``: the chart's (a label near its right
+ * edge goes on the marker's left). */
+function planMarker(m, x, y, width) {
+  const cx = x(m.x);
+  const cy = y(m.share);
+  const flip = cx > 0.8 * width;
+  const rec = Boolean(m.option.recommended);
+  const shape = SHAPES[m.direction] === "circle"
+    ? svg("circle", {class: "dot", cx, cy, r: 4})
+    : svg("rect", {class: "dot", x: cx - 3.5, y: cy - 3.5, width: 7, height: 7});
+  return svg("g", {class: `option-marker marker-${m.direction}`, "data-option": m.option.name,
+    "data-direction": m.direction, "data-recommended": rec ? "true" : null,
+    "data-share": m.share, "data-compute": m.x},
+  m.se ? svg("line", {class: "error-bar", x1: cx, x2: cx, y1: y(m.share - m.se),
+    y2: y(m.share + m.se)}) : null,
+  shape,
+  rec ? svg("circle", {class: "ring", cx, cy, r: 8}) : null,
+  rec && m.direction === "t2i" ? svg("text", {class: "rec-label", x: flip ? cx - 10 : cx + 10,
+    y: cy < 20 ? cy + 16 : cy - 8, "text-anchor": flip ? "end" : "start"}, "recommended")
+    : null,
+  svg("title", {}, `${m.option.name} · ${m.direction}: share ${gainText(m)} at compute ` +
+    `${times(m.x)} a full backfill${m.x < COMPUTE_FLOOR ? " (drawn at the floor)" : ""}` +
+    `${rec ? " · recommended" : ""}`));
+}
+
+function planLegend(option) {
+  return el("p", {class: "legend small muted plan-legend"},
+    el("span", {class: "swatch-dot swatch-t2i"}), " t2i ",
+    el("span", {class: "swatch-square swatch-i2t"}), " i2t · bars: ± standard error · ",
+    el("span", {class: "swatch-ring"}), " recommended",
+    option ? [" · lines: ", el("code", {}, option), " as it backfills"] : null);
+}
