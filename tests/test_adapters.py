@@ -117,6 +117,13 @@ def test_an_adapter_route_round_trips_through_its_artifact(method: str, old_new,
                                atol=1e-6)
     images = [small_world.load_image(i) for i in range(5)]
     assert routed.encode_images(images).shape == (5, 32)
+    # served as fitted: the map sees the embedding (unit rows), not the tower's raw output
+    from training.upgrades.adapter.route import load_maps
+
+    maps = load_maps(again, route)
+    with torch.no_grad():
+        expected = maps["text"](torch.from_numpy(native.encode_texts(texts))).numpy()
+    np.testing.assert_allclose(mapped, expected, atol=1e-5)
 
 
 def test_a_slerp_route_runs_both_models_and_its_ends_are_the_two_routes(

@@ -138,8 +138,10 @@ def test_a_progressive_migration_serves_the_route_until_its_side_beats_it() -> N
     noise = rng.normal(size=emb.item_new["image"].shape).astype(np.float32)
     noise /= np.linalg.norm(noise, axis=1, keepdims=True)
     migs = migration_options(emb, None, routed, {"image": noise, "text": noise}, orders, None)
-    plain, _ = migs["migrate"]
-    served, switch = migs["migrate:transform+random"]
+    plain, _, no_side = migs["migrate"]
+    served, switch, side = migs["migrate:transform+random"]
+    assert no_side is None and all((side[f][d] == served[f][d]).all()
+                                   for f in GRID if f >= switch for d in ("t2i", "i2t"))
     assert set(served) == set(GRID)
     assert all(plain[f] is not None for f in GRID)
     assert switch is not None and 0 < switch < 1

@@ -27,7 +27,9 @@ from training.upgrades.adapter.config import AdapterFitConfig
 
 
 class EmbeddingMap(nn.Module):
-    """x [N, D_in] -> L2-normalised (x W + b + residual(x)) [N, D_out]."""
+    """x [N, D_in] -> L2-normalised (x W + b + residual(x)) [N, D_out], where x is first
+    L2-normalised: the map is fitted on embeddings (unit rows), and a route's encoder hands
+    it the tower's raw features (an affine or residual map is not scale-invariant)."""
 
     def __init__(self, in_dim: int, out_dim: int, hidden: int = 0) -> None:
         super().__init__()
@@ -45,9 +47,10 @@ class EmbeddingMap(nn.Module):
         return {"in_dim": self.in_dim, "out_dim": self.out_dim, "hidden": self.hidden}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = x.float() @ self.weight + self.bias
+        x = nn.functional.normalize(x.float(), dim=-1)
+        y = x @ self.weight + self.bias
         if self.residual is not None:
-            y = y + self.residual(x.float())
+            y = y + self.residual(x)
         return nn.functional.normalize(y, dim=-1)
 
 

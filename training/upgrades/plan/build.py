@@ -89,6 +89,10 @@ def make_plan(options: Sequence[Option], scorer: Scorer, costs: Costs,
                                        **{d: {k: _r(v) for k, v in sh.items()} for d, sh in
                                           scorer.shares(o.served[f]).items()}}
                                       for f in sorted(o.served)]})
+            if o.side is not None:  # the side as it stands (served from the switch on)
+                row["side_curve"] = [{"fraction": f, **{
+                    d: {k: _r(v) for k, v in sh.items()} for d, sh in
+                    scorer.shares(o.side[f]).items()}} for f in sorted(o.side)]
         scored.append(s)
         rows.append(row)
     decision = recommend(scored, constraints)

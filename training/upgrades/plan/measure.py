@@ -21,7 +21,7 @@ differences (``Scorer``) come from one draw of the queries for every option.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,28 +130,32 @@ class Option:
     # a migration: served hits at each fraction of the backfill, the switch, the overhead
     served: dict[float, dict[str, np.ndarray]] | None = None
     switch_at: float | None = None
+    side: dict[float, dict[str, np.ndarray]] | None = None  # the target side as it stands
     overhead_fraction: float = 0.0  # compute before its backfill starts (sample, fit, map)
 
 
 def migration_options(emb: Embedded, route: RouteFit | None, routed: Mapping[str, np.ndarray],
                       transformed: Mapping[str, np.ndarray] | None,
-                      orders: Mapping[str, Sequence[int]], max_negative_flip: float | None,
-                      ) -> dict[str, tuple[dict[float, dict[str, np.ndarray]], float | None]]:
-    """Name -> (served hits at each fraction of ``GRID``, switch fraction) for today's
-    migration (``migrate``: the route until the end) and, with ``transformed`` items, a
-    progressive migration per order (``migrate:transform+<order>``)."""
+                      orders: Mapping[str, Any], max_negative_flip: float | None,
+                      ) -> dict[str, tuple[dict[float, dict[str, np.ndarray]], float | None,
+                                           dict[float, dict[str, np.ndarray]] | None]]:
+    """Name -> (served hits at each fraction of ``GRID``, switch fraction, the target side's
+    hits as it stands at each fraction) for today's migration (``migrate``: the route until
+    the end; no side) and, with ``transformed`` items, a progressive migration per order
+    (``migrate:transform+<order>``; an order: item rows, or per kind its own rows)."""
     items = Items(emb.item_old, emb.item_new, transformed or emb.item_new)
     queries = Queries(emb.query_new, routed, emb.query_old, emb.relevant)
     hits = curve(items, queries, orders if transformed else {}, GRID, hybrid=False)
-    out = {"migrate": ({f: hits["new->new"] if f >= 1.0 else hits["routed"] for f in GRID},
-                       1.0)}
+    out: dict[str, Any] = {"migrate": (
+        {f: hits["new->new"] if f >= 1.0 else hits["routed"] for f in GRID}, 1.0, None)}
     if transformed is None:
         return out
     for order in orders:
         switch = switch_fraction(hits, order, GRID, max_negative_flip)
+        side = {f: hits[f"side {order} {f:g}"] for f in GRID}
         out[f"migrate:transform+{order}"] = (
-            {f: hits[f"side {order} {f:g}"] if switch is not None and f >= switch
-             else hits["routed"] for f in GRID}, switch)
+            {f: side[f] if switch is not None and f >= switch else hits["routed"]
+             for f in GRID}, switch, side)
     return out
 
 

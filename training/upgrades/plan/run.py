@@ -98,21 +98,18 @@ def run_plan(new: Artifact | ModelSpec, old: Artifact, space: str, sample: Any,
     stage("embed the validation set")
     t0 = time.perf_counter()
     language = "en" if "en" in validation.languages() else validation.languages()[0]
-    texts, owners = validation.captions(language)
-    first_of: dict[int, int] = {}
-    for c, owner in enumerate(owners):
-        first_of.setdefault(owner, c)
-    first = [first_of[n] for n in range(len(validation))]
+    texts, _ = validation.captions(language)
     images = [validation.load_image(n) for n in range(len(validation))]
-    captions = [texts[c] for c in first]
-    rel = validation.relevance(language)
+    rel = validation.relevance(language)  # [captions, images]
+    # a gallery of the validation set's images and of all its captions (as bench upgrade
+    # scores: image queries against every caption), each kind its own items
     old_images, new_images = old_enc.encode_images(images), new_enc.encode_images(images)
-    emb = Embedded(
-        item_old={"image": old_images, "text": old_enc.encode_texts(captions)},
-        item_new={"image": new_images, "text": new_enc.encode_texts(captions)},
-        query_old={"text": old_enc.encode_texts(texts), "image": old_images},
-        query_new={"text": new_enc.encode_texts(texts), "image": new_images},
-        relevant={"t2i": rel, "i2t": rel[first].T})
+    old_texts, new_texts = old_enc.encode_texts(texts), new_enc.encode_texts(texts)
+    emb = Embedded(item_old={"image": old_images, "text": old_texts},
+                   item_new={"image": new_images, "text": new_texts},
+                   query_old={"text": old_texts, "image": old_images},
+                   query_new={"text": new_texts, "image": new_images},
+                   relevant={"t2i": rel, "i2t": rel.T})
     validation_s = time.perf_counter() - t0
     old_hits = emb.hits(emb.query_old, emb.item_old)
     new_hits = emb.hits(emb.query_new, emb.item_new)
@@ -139,15 +136,17 @@ def run_plan(new: Artifact | ModelSpec, old: Artifact, space: str, sample: Any,
     fit_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     transformed = {k: fitted.apply(k, emb.item_old[k]) for k in fitted.kinds}
-    scores = sum(fitted.predicted_error(k, emb.item_old[k], transformed[k])
-                 for k in fitted.kinds)
-    map_s = (time.perf_counter() - t0) / max(1, len(validation)) * gallery_items
+    scores = {k: fitted.predicted_error(k, emb.item_old[k], transformed[k])
+              for k in fitted.kinds}
+    items_n = sum(len(v) for v in transformed.values())
+    map_s = (time.perf_counter() - t0) / max(1, items_n) * gallery_items * len(transformed)
     for k in emb.item_new:
         transformed.setdefault(k, np.zeros_like(emb.item_new[k]))
-    names = [r.id for r in validation.records]
-    orders = {o: order_items(o, names, np.asarray(scores), seed=seed)
-              for o in ("learned", "random")}
-
+        scores.setdefault(k, np.zeros(len(emb.item_new[k])))
+    names = {"image": [r.id for r in validation.records],
+             "text": [f"caption-{c:07d}" for c in range(len(texts))]}
+    orders = {o: {k: order_items(o, names[k], np.asarray(scores[k]), seed=seed)
+                  for k in names} for o in ("learned", "random")}
     stage("simulate the migrations")
     measured = [o for o in options if o.kind == "route" and o.measured and o.hits is not None]
     # the route that serves until a migration switches: the best measured one (by the
@@ -161,7 +160,7 @@ def run_plan(new: Artifact | ModelSpec, old: Artifact, space: str, sample: Any,
     side_bytes = gallery_items * sum(4 * d for d in dims.values())
     after_ms = {k: max(native_ms[k], old_ms[k] + (serving.added_latency_ms or {}).get(k, 0.0))
                 for k in native_ms}
-    for name, (served, switch) in migs.items():
+    for name, (served, switch, side) in migs.items():
         overhead = 0.0 if name == "migrate" else costs.fraction(fit_s + map_s)
         options.append(Option(
             name, "migration",
@@ -177,7 +176,7 @@ def run_plan(new: Artifact | ModelSpec, old: Artifact, space: str, sample: Any,
                    "params": ({"transform": False} if name == "migrate" else
                               {"transform": True, "order": name.split("+")[-1],
                                "switch": "progressive", "sample": k_items, "seed": seed})},
-            served=served, switch_at=switch, overhead_fraction=overhead))
+            served=served, switch_at=switch, side=side, overhead_fraction=overhead))
     plan = make_plan(options, scorer, costs, constraints, old_hits, new_hits)
     plan.update({
         "sample": {"items": k_items, "pairs": {k: len(v) for k, v in sample_new.items()},

@@ -66,10 +66,12 @@ def curve(items: Items, queries: Queries, orders: Mapping[str, Sequence[int]],
           fractions: Sequence[float] = FRACTIONS, hybrid: bool = True,
           chunk: int = 256) -> dict[str, dict[str, np.ndarray]]:
     """Key -> direction -> [Q] bool top-1 hits. Keys: ``old->old``, ``new->new``,
-    ``routed``, and per order and fraction ``side <order> <f>`` and ``hybrid <order> <f>``."""
-    n = len(items)
-    masks = {(name, f): done_mask(order, n, f) for name, order in orders.items()
-             for f in fractions}
+    ``routed``, and per order and fraction ``side <order> <f>`` and ``hybrid <order> <f>``.
+    An order is a list of item rows, or per kind its own list (a gallery whose images and
+    texts are separate items, each kind backfilled in its own order)."""
+    masks = {(name, f, kind): done_mask(order[kind] if isinstance(order, Mapping) else order,
+                                        len(items.old[kind]), f)
+             for name, order in orders.items() for f in fractions for kind in items.old}
     out: dict[str, dict[str, list[np.ndarray]]] = {}
 
     def add(key: str, direction: str, hits: np.ndarray) -> None:
@@ -89,7 +91,9 @@ def curve(items: Items, queries: Queries, orders: Mapping[str, Sequence[int]],
             add("old->old", direction, _hit(s_old, rel))
             add("routed", direction, _hit(s_routed, rel))
             add("new->new", direction, _hit(s_new, rel))
-            for (name, f), mask in masks.items():
+            for (name, f, kind), mask in masks.items():
+                if kind != ik:
+                    continue
                 side = np.where(mask[None, :], s_new, s_trans)
                 add(f"side {name} {f:g}", direction, _hit(side, rel))
                 if hybrid:
