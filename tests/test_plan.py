@@ -78,7 +78,9 @@ def test_equal_final_gains_are_told_apart_by_the_gain_while_the_backfill_runs() 
     assert decision["option"] == "migrate:transform+learned"
     assert "while it runs" in decision["rejected"]["migrate"]
     same = scored("migrate:transform+random", 1.0, 1.01, spread=0.02, area=0.11, seed=3)
-    assert recommend([plain, same], Constraints())["option"] == "migrate"
+    decision = recommend([plain, same], Constraints())
+    assert decision["option"] == "migrate"
+    assert "delivers no more while it runs" in decision["rejected"][same.name]
 
 
 def test_estimated_options_are_never_recommended() -> None:

@@ -230,7 +230,8 @@ def test_admin_routes_check_the_key_before_the_body(client_with_items) -> None:
     operations = admin_operations(client.get("/openapi.json").json())
     assert len(operations) >= 15 and ("post", "/v1/galleries") in operations
     for method, template in operations:
-        url = template.format(gallery="shapes", version_id="v2", job_id="j1", item_id="a")
+        url = template.format(gallery="shapes", version_id="v2", job_id="j1", item_id="a",
+                              plan_id="j1")
         for body, ctype in MALFORMED:
             for headers in NO_KEYS:
                 r = client.request(method.upper(), url, content=body,
@@ -375,7 +376,8 @@ def test_options_allows_every_method_of_a_path(gateway_factory) -> None:
                     for template in spec["paths"]}
         shared = 0
         for template in spec["paths"]:
-            url = template.format(gallery="shapes", version_id="v1", job_id="j1", item_id="a")
+            url = template.format(gallery="shapes", version_id="v1", job_id="j1", item_id="a",
+                                  plan_id="j1")
             r = client.options(url)
             error_of(r, 405, "method_not_allowed")
             allowed = {m.strip() for m in r.headers["allow"].split(",")}

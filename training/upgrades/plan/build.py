@@ -103,9 +103,11 @@ def make_plan(options: Sequence[Option], scorer: Scorer, costs: Costs,
     for row in rows:
         row["recommended"] = row["name"] == decision["option"]
         row["why_not"] = decision["rejected"].get(row["name"])
+    # the curve drawn through the chart: the recommended migration's, else the one that
+    # delivers the most while it runs
     migrations = [r for r in rows if r.get("curve")]
-    best_curve = max(migrations, key=lambda r: r.get("mean_share_during") or -1.0,
-                     default=None)
+    best_curve = next((r for r in migrations if r["recommended"]), None) or max(
+        migrations, key=lambda r: r.get("mean_share_during") or -1.0, default=None)
     return {"options": rows, "recommendation": {k: v for k, v in decision.items()
                                                 if k != "rejected"},
             "curve": ({"option": best_curve["name"], "points": best_curve["curve"],

@@ -122,6 +122,11 @@ def recommend(options: list[Scored], constraints: Constraints) -> dict[str, Any]
                                        f"the error {area_se:.3f}")
                 best = o
                 continue
+            rejected[o.name] = (f"ends as high as the cheaper {best.name} and delivers no "
+                                f"more while it runs beyond the error: {o.area:.3f} against "
+                                f"{best.area:.3f} averaged over the backfill (error "
+                                f"{area_se:.3f})")
+            continue
         rejected[o.name] = (f"not better than the cheaper {best.name} beyond the error: "
                             f"{o.score:.3f} against {best.score:.3f} (error {se:.3f})")
     assert best.score is not None
