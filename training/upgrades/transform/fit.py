@@ -53,11 +53,8 @@ class GalleryTransform:
             raise ConfigError(f"the transform has no {kind} map (its sample had fewer than "
                               f"{MIN_PAIRS} {kind} pairs)")
         old = np.asarray(old, np.float32)
-        out = []
-        for start in range(0, len(old), batch):
-            x = torch.from_numpy(old[start:start + batch])
-            y = torch.stack([m(x) for m in self.maps[kind]]).mean(0)
-            out.append(torch.nn.functional.normalize(y, dim=-1).numpy())
+        out = [_mapped(self.maps[kind], old[start:start + batch])
+               for start in range(0, len(old), batch)]
         dim = self.maps[kind][0].out_dim
         return np.concatenate(out) if out else np.zeros((0, dim), np.float32)
 
@@ -136,6 +133,7 @@ def fit_maps(old: np.ndarray, new: np.ndarray, cfg: TransformConfig) -> list[Emb
 
 @torch.no_grad()
 def _mapped(members: list[EmbeddingMap], old: np.ndarray) -> np.ndarray:
+    """The members' mean map of ``old`` [N, D_old], L2-normalised [N, D_new]."""
     x = torch.from_numpy(np.asarray(old, np.float32))
     y = torch.stack([m(x) for m in members]).mean(0)
     return torch.nn.functional.normalize(y, dim=-1).numpy()
