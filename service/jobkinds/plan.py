@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -87,12 +88,14 @@ class PlanParams(Params):
 
 
 def basis_now(registry: Registry, store: GalleryStore, gallery: str,
-              validation: str | None) -> dict[str, Any]:
-    """What a plan was measured against: the gallery's size, active version, validation."""
+              validation: str | None, digest: Callable[[str | None], str | None] = validation_digest,
+              ) -> dict[str, Any]:
+    """What a plan was measured against: the gallery's size, active version, validation
+    (``digest``: how the validation set is digested; a listing passes a cached one)."""
     record = registry.gallery(gallery)
     path = validation or record.validation
     return {"items": store.count(gallery), "incumbent": record.active, "space": record.space,
-            "validation": {"path": path, "digest": validation_digest(path)}}
+            "validation": {"path": path, "digest": digest(path)}}
 
 
 async def start(gateway: GatewayPort, job: Job, params: PlanParams) -> Job:
@@ -156,13 +159,13 @@ def run(ctx: RunContext) -> dict[str, Any]:
     return {"result": {"plan": plan, "basis": basis, "skipped": skipped}}
 
 
-def staleness(registry: Registry, store: GalleryStore, job: Job,
-              own_versions: set[str]) -> list[str]:
+def staleness(registry: Registry, store: GalleryStore, job: Job, own_versions: set[str],
+              digest: Callable[[str | None], str | None] = validation_digest) -> list[str]:
     """Why the plan no longer describes the gallery (empty: it still does). A version that
     one of the plan's own applies promoted does not make it stale."""
     p = PlanParams.model_validate(job.params)
     basis = job.result.get("basis") or {}
-    now = basis_now(registry, store, job.gallery, p.validation)
+    now = basis_now(registry, store, job.gallery, p.validation, digest)
     out = []
     if now["incumbent"] != basis.get("incumbent") and now["incumbent"] not in own_versions:
         out.append(f"the gallery's active version is now '{now['incumbent']}' (the plan "

@@ -20,6 +20,7 @@ recorded in the plan (``result.applied``).
 from __future__ import annotations
 
 import asyncio
+import functools
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -28,6 +29,7 @@ from service.jobkinds.plan import PlanParams, staleness
 from service.runtime.gateway import Gateway
 from service.state.errors import Conflict, InvalidInput, NotFound
 from service.state.jobs.store import Job
+from service.state.registry.gates import validation_digest
 from service.usecases.jobs import get_job, list_jobs, submit_job
 
 
@@ -58,14 +60,16 @@ async def get_plan(gateway: Gateway, gallery: str, plan_id: str) -> PlanView:
 
 async def list_plans(gateway: Gateway, gallery: str) -> list[PlanView]:
     jobs = [j for j in await list_jobs(gateway) if j.kind == "plan" and j.gallery == gallery]
-    return [PlanView(j, await _stale(gateway, j)) for j in jobs]
+    digest = functools.cache(validation_digest)  # each validation set hashed once per listing
+    return [PlanView(j, await _stale(gateway, j, digest)) for j in jobs]
 
 
-async def _stale(gateway: Gateway, job: Job) -> list[str]:
+async def _stale(gateway: Gateway, job: Job, digest: Any = validation_digest) -> list[str]:
     if job.status != "succeeded":
         return []
     own = await asyncio.to_thread(_own_versions, gateway, job)
-    return await asyncio.to_thread(staleness, gateway.registry, gateway.store, job, own)
+    return await asyncio.to_thread(staleness, gateway.registry, gateway.store, job, own,
+                                   digest)
 
 
 def _own_versions(gateway: Gateway, job: Job) -> set[str]:
