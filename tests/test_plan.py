@@ -139,7 +139,7 @@ def test_a_progressive_migration_serves_the_route_until_its_side_beats_it() -> N
     rng = np.random.default_rng(5)
     noise = rng.normal(size=emb.item_new["image"].shape).astype(np.float32)
     noise /= np.linalg.norm(noise, axis=1, keepdims=True)
-    migs = migration_options(emb, None, routed, {"image": noise, "text": noise}, orders, None)
+    migs = migration_options(emb, routed, {"image": noise, "text": noise}, orders, None)
     plain, _, no_side = migs["migrate"]
     served, switch, side = migs["migrate:transform+random"]
     assert no_side is None and all((side[f][d] == served[f][d]).all()

@@ -12,9 +12,7 @@ a plan whose basis moved (``staleness``) is applied only when forced with a reas
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,8 +29,6 @@ from service.state.jobs.store import Job
 from service.state.paths import Roots
 from service.state.registry import Registry
 from service.state.registry.gates import validation_digest
-
-BASIS = "basis.json"
 
 
 class PlanConstraints(BaseModel):
@@ -88,44 +84,42 @@ class PlanParams(Params):
 
 
 def basis_now(registry: Registry, store: GalleryStore, gallery: str,
-              validation: str | None, digest: Callable[[str | None], str | None] = validation_digest,
-              ) -> dict[str, Any]:
-    """What a plan was measured against: the gallery's size, active version, validation
-    (``digest``: how the validation set is digested; a listing passes a cached one)."""
+              validation: str | None) -> dict[str, Any]:
+    """What a plan was measured against: the gallery's size, active version, validation."""
     record = registry.gallery(gallery)
     path = validation or record.validation
     return {"items": store.count(gallery), "incumbent": record.active, "space": record.space,
-            "validation": {"path": path, "digest": digest(path)}}
+            "validation": {"path": path, "digest": validation_digest(path)}}
 
 
 async def start(gateway: GatewayPort, job: Job, params: PlanParams) -> Job:
-    """Refuse a gallery with no validation set (nothing to measure on), record the basis,
-    then take the sample and queue (``queue_job``)."""
+    """Refuse a gallery with no validation set (nothing to measure on), record the basis in
+    the job's result, then take the sample and queue (``queue_job``)."""
     import asyncio
 
-    record = gateway.registry.gallery(job.gallery)
+    record = await asyncio.to_thread(gateway.registry.gallery, job.gallery)
     if (params.validation or record.validation) is None:
         await asyncio.to_thread(gateway.jobs.delete, job.id)
         raise InvalidInput(f"plan job: gallery '{job.gallery}' has no validation set: give "
                            f"params.validation (the plan measures every option on it)")
     basis = await asyncio.to_thread(basis_now, gateway.registry, gateway.store, job.gallery,
                                     params.validation)
-    work = gateway.jobs.work_dir(job.id)
-    work.mkdir(parents=True, exist_ok=True)
-    (work / BASIS).write_text(json.dumps(basis))
+    job = await asyncio.to_thread(gateway.jobs.update, job.id,
+                                  lambda j: j.merged(result={"basis": basis}))
     return await queue_job(gateway, job, params)
 
 
 def xbt_versions(registry: Registry, describe: str, space: str) -> list[Any]:
     """Registered upgrade versions (kind ``xbt``) of the candidate's base model with a route
-    into ``space``: XBT measured, not only costed."""
-    out = []
+    into ``space``: XBT measured, not only costed. Manifests are read as stored; only the
+    matches are loaded (their checksums verified)."""
+    matches = []
     for v in registry.versions():
-        art = registry.artifact(v.version_id)
-        m = art.manifest
-        if m.get("kind") == "xbt" and m.get("base_model") == describe and space in art.routes:
-            out.append(art)
-    return out
+        m = registry.manifest(v.version_id)
+        if (m.get("kind") == "xbt" and m.get("base_model") == describe
+                and space in (m.get("routes") or {})):
+            matches.append(registry.artifact(v.version_id))
+    return matches
 
 
 def run(ctx: RunContext) -> dict[str, Any]:
@@ -137,7 +131,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
     registry = Registry(ctx.settings.registry_dir)
     gallery = registry.gallery(ctx.job.gallery)
     work = ctx.store.work_dir(ctx.job.id)
-    basis = json.loads((work / BASIS).read_text())
+    basis = ctx.job.result["basis"]  # recorded by ``start``
     roots = Roots.of(ctx.settings)
     ctx.heartbeat.progress = {"stage": "read sample"}
     sample, skipped = sources_of(read_sample(work),
@@ -156,16 +150,15 @@ def run(ctx: RunContext) -> dict[str, Any]:
                     Constraints(**p.constraints.model_dump()), p.objective, p.seed,
                     xbt_versions(registry, spec.describe(), gallery.space),
                     ctx.settings.gate_max_negative_flip, ctx.settings.device, on_stage)
-    return {"result": {"plan": plan, "basis": basis, "skipped": skipped}}
+    return {"result": {"plan": plan, "skipped": skipped}}
 
 
-def staleness(registry: Registry, store: GalleryStore, job: Job, own_versions: set[str],
-              digest: Callable[[str | None], str | None] = validation_digest) -> list[str]:
-    """Why the plan no longer describes the gallery (empty: it still does). A version that
-    one of the plan's own applies promoted does not make it stale."""
+def staleness(job: Job, now: dict[str, Any], own_versions: set[str]) -> list[str]:
+    """Why the plan no longer describes the gallery, whose basis is ``now`` (``basis_now``
+    with the plan's validation set); empty: it still does. A version that one of the plan's
+    own applies promoted does not make it stale."""
     p = PlanParams.model_validate(job.params)
     basis = job.result.get("basis") or {}
-    now = basis_now(registry, store, job.gallery, p.validation, digest)
     out = []
     if now["incumbent"] != basis.get("incumbent") and now["incumbent"] not in own_versions:
         out.append(f"the gallery's active version is now '{now['incumbent']}' (the plan "

@@ -25,11 +25,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from service.jobkinds.plan import PlanParams, staleness
+from service.jobkinds.plan import PlanParams, basis_now, staleness
 from service.runtime.gateway import Gateway
 from service.state.errors import Conflict, InvalidInput, NotFound
 from service.state.jobs.store import Job
-from service.state.registry.gates import validation_digest
 from service.usecases.jobs import get_job, list_jobs, submit_job
 
 
@@ -55,21 +54,24 @@ async def get_plan(gateway: Gateway, gallery: str, plan_id: str) -> PlanView:
         job = None
     if job is None or job.kind != "plan" or job.gallery != gallery:
         raise NotFound(f"gallery '{gallery}' has no plan '{plan_id[:64]}'")
-    return PlanView(job, await _stale(gateway, job))
+    return (await _views(gateway, gallery, [job]))[0]
 
 
 async def list_plans(gateway: Gateway, gallery: str) -> list[PlanView]:
     jobs = [j for j in await list_jobs(gateway) if j.kind == "plan" and j.gallery == gallery]
-    digest = functools.cache(validation_digest)  # each validation set hashed once per listing
-    return [PlanView(j, await _stale(gateway, j, digest)) for j in jobs]
+    return await _views(gateway, gallery, jobs)
 
 
-async def _stale(gateway: Gateway, job: Job, digest: Any = validation_digest) -> list[str]:
-    if job.status != "succeeded":
-        return []
-    own = await asyncio.to_thread(_own_versions, gateway, job)
-    return await asyncio.to_thread(staleness, gateway.registry, gateway.store, job, own,
-                                   digest)
+async def _views(gateway: Gateway, gallery: str, jobs: list[Job]) -> list[PlanView]:
+    """Each plan with why it is stale; the gallery's basis now is read once per
+    validation set (its digest hashes every image of the set)."""
+    def views() -> list[PlanView]:
+        now = functools.cache(lambda validation: basis_now(
+            gateway.registry, gateway.store, gallery, validation))
+        return [PlanView(j, staleness(j, now(j.params.get("validation")),
+                                      _own_versions(gateway, j))
+                         if j.status == "succeeded" else []) for j in jobs]
+    return await asyncio.to_thread(views)
 
 
 def _own_versions(gateway: Gateway, job: Job) -> set[str]:

@@ -139,6 +139,25 @@ def routed_queries(sample_idx: np.ndarray, e: Embedded, test: int) -> dict[str, 
     return out
 
 
+def simulated(e: Embedded, routed: dict[str, np.ndarray], transformed: dict[str, np.ndarray],
+              test: int) -> tuple[Any, Any]:
+    """The draw as ``simulate.curve`` reads it: every item (OLD, NEW, transformed) and the
+    first ``test`` items' queries (captions against the images; images against the
+    items' stored captions)."""
+    from training.upgrades.transform.simulate import Items, Queries
+
+    items = Items({k: e.vectors[f"old_{k}"] for k in ("image", "text")},
+                  {k: e.vectors[f"new_{k}"] for k in ("image", "text")}, transformed)
+    queries = Queries(
+        new={"text": e.queries["new_text"], "image": e.vectors["new_image"][:test]},
+        routed=routed,
+        old={"text": e.queries["old_text"], "image": e.vectors["old_image"][:test]},
+        relevant={"t2i": LazyRelevance(e.query_attributes, e.item_attributes),
+                  "i2t": LazyRelevance(e.caption_attributes, e.item_attributes[:test],
+                                       transpose=True)})
+    return items, queries
+
+
 def transform_orders(t: Any, e: Embedded, sample_idx: np.ndarray, transformed: dict,
                      seed: int, names: list[str]) -> tuple[dict[str, list[int]], np.ndarray]:
     """Each order over the items, the sample first (NEW embedded it to fit the map); the
@@ -164,7 +183,7 @@ def measure_draw(old: Any, new: Any, args: argparse.Namespace, seed: int,
                  out: Path) -> dict[str, Any]:
     from training.upgrades.transform import TransformConfig, fit_transform
     from training.upgrades.transform.order import errors, spearman
-    from training.upgrades.transform.simulate import Items, Queries, curve
+    from training.upgrades.transform.simulate import curve
 
     start = time.perf_counter()
     items = _items(seed, args.gallery, args.test)
@@ -187,15 +206,7 @@ def measure_draw(old: Any, new: Any, args: argparse.Namespace, seed: int,
     true_err = sum(errors(transformed[k], e.vectors[f"new_{k}"]) for k in ("image", "text"))
     rest = np.setdiff1d(np.arange(n), sample_idx)
     routed = routed_queries(sample_idx, e, args.test)
-    gallery = Items({k: e.vectors[f"old_{k}"] for k in ("image", "text")},
-                    {k: e.vectors[f"new_{k}"] for k in ("image", "text")}, transformed)
-    queries = Queries(
-        new={"text": e.queries["new_text"], "image": e.vectors["new_image"][:args.test]},
-        routed=routed,
-        old={"text": e.queries["old_text"], "image": e.vectors["old_image"][:args.test]},
-        relevant={"t2i": LazyRelevance(e.query_attributes, e.item_attributes),
-                  "i2t": LazyRelevance(e.caption_attributes, e.item_attributes[:args.test],
-                                       transpose=True)})
+    gallery, queries = simulated(e, routed, transformed, args.test)
     first = args.sample / n
     fractions = sorted({max(f, first) for f in FRACTIONS})
     t0 = time.perf_counter()
@@ -217,7 +228,7 @@ def validation_switch(old: Any, new: Any, t: Any, args: argparse.Namespace,
     """Where a progressive migration would switch: the validation draw (its own items,
     captions as queries) transformed, ordered and re-embedded the same way."""
     from training.upgrades.transform.order import order_items
-    from training.upgrades.transform.simulate import Items, Queries, curve, switch_fraction
+    from training.upgrades.transform.simulate import curve, switch_fraction
 
     items = _items(seed, args.validation, args.validation, prefix="val-")
     e = embed_draw(old, new, items, args.validation)
@@ -226,15 +237,8 @@ def validation_switch(old: Any, new: Any, t: Any, args: argparse.Namespace,
     order = order_items("learned", [f"{i:09d}" for i in range(len(items))], scores)
     sample_idx = np.random.default_rng(SAMPLE_SEED + seed).permutation(len(items))[
         :max(2, len(items) // 10)]
-    queries = Queries(
-        new={"text": e.queries["new_text"], "image": e.vectors["new_image"]},
-        routed=routed_queries(sample_idx, e, len(items)),
-        old={"text": e.queries["old_text"], "image": e.vectors["old_image"]},
-        relevant={"t2i": LazyRelevance(e.query_attributes, e.item_attributes),
-                  "i2t": LazyRelevance(e.caption_attributes, e.item_attributes,
-                                       transpose=True)})
-    gallery = Items({k: e.vectors[f"old_{k}"] for k in ("image", "text")},
-                    {k: e.vectors[f"new_{k}"] for k in ("image", "text")}, transformed)
+    gallery, queries = simulated(e, routed_queries(sample_idx, e, len(items)), transformed,
+                                 len(items))
     grid = sorted({*FRACTIONS, *np.round(np.arange(0.0, 1.0001, 0.05), 2).tolist()})
     hits = curve(gallery, queries, {"learned": order}, grid, hybrid=False)
     return switch_fraction(hits, "learned", grid)

@@ -33,17 +33,17 @@ COST_RATIO = 0.10
 SAMPLE_SHARE, SAMPLE_MIN = 0.02, 500
 
 
-def agreement(old: Any, new: Any, seed: int, sample_k: int, out: Path) -> dict[str, Any]:
-    """The plan's route shares against bench upgrade's and bench frontier's on one draw."""
+def agreement(old: Any, new: Any, seed: int, sample_k: int, validation: Any,
+              out: Path) -> dict[str, Any]:
+    """The plan's route shares against bench upgrade's on one draw (``validation``: that
+    draw's standard test set)."""
     import numpy as np
 
-    from training.bench.base_models import BaseBench, test_set
     from training.bench.upgrade import adapter_sample, gain_share, run_adapters
     from training.bench.xbt import cell, load_gallery, reference
     from training.upgrades.plan.decide import Constraints
     from training.upgrades.plan.run import run_plan
 
-    validation = test_set(BaseBench(), draw=seed)
     gallery = load_gallery(seed)
     plan = run_plan(new, old, old.space, adapter_sample(old, sample_k, seed), validation,
                     len(validation), Constraints(), seed=seed)
@@ -98,23 +98,20 @@ def backfill_rate(new: Any, probe: int, work: Path) -> float:
     return len(paths) / (time.perf_counter() - start)
 
 
-def cost(old: Any, new: Any, seed: int, gallery_items: int, probe: int,
-         out: Path) -> dict[str, Any]:
+def cost(old: Any, new: Any, seed: int, gallery_items: int, rate: float,
+         validation: Any) -> dict[str, Any]:
     """A plan for a ``gallery_items`` gallery with the plan job's default sample, timed,
-    against NEW re-embedding the gallery at its measured rate."""
-    from training.bench.base_models import BaseBench, test_set
+    against NEW re-embedding the gallery at its measured ``rate`` (items/s)."""
     from training.bench.upgrade import adapter_sample
     from training.upgrades.plan.decide import Constraints
     from training.upgrades.plan.run import run_plan
 
     k = min(gallery_items, max(SAMPLE_MIN, round(SAMPLE_SHARE * gallery_items)))
     sample = adapter_sample(old, k, seed)
-    validation = test_set(BaseBench(), draw=seed)
     start = time.perf_counter()
     plan = run_plan(new, old, old.space, sample, validation, gallery_items, Constraints(),
                     seed=seed)
     seconds = time.perf_counter() - start
-    rate = backfill_rate(new, probe, out / "probe")
     reembed = gallery_items / rate
     return {"gallery": gallery_items, "sample": k, "validation_items": len(validation),
             "plan_seconds": round(seconds, 2), "parts": plan["seconds"],
@@ -124,13 +121,16 @@ def cost(old: Any, new: Any, seed: int, gallery_items: int, probe: int,
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    from training.bench.base_models import BaseBench, test_set
     from training.bench.xbt import open_base
 
     out = Path(args.out) / f"seed-{args.seed}"
     old, new = open_base(Path(args.base), out)
+    validation = test_set(BaseBench(), draw=args.seed)
+    rate = backfill_rate(new, args.probe, out / "probe")
     result = {"seed": args.seed,
-              "agreement": agreement(old, new, args.seed, args.sample, out),
-              "cost": [cost(old, new, args.seed, n, args.probe, out) for n in args.gallery]}
+              "agreement": agreement(old, new, args.seed, args.sample, validation, out),
+              "cost": [cost(old, new, args.seed, n, rate, validation) for n in args.gallery]}
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench-plan.json").write_text(json.dumps(result, indent=2, default=str))
     return result

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -102,19 +101,9 @@ def flips(query: tuple, old_emb: tuple, gallery: Gallery) -> dict[str, dict[str,
 
 def query_ms(encoder: Any, gallery: Gallery, n: int = LATENCY_QUERIES) -> dict[str, float]:
     """Median ms of one text and one image query (batch of 1), after a warm-up."""
-    import statistics
+    from training.upgrades.plan.run import query_ms as median_query_ms
 
-    out = {}
-    for kind, items, encode in (("text", gallery.texts, encoder.encode_texts),
-                                ("image", gallery.images, encoder.encode_images)):
-        encode(items[:1])
-        times = []
-        for item in items[:n]:
-            start = time.perf_counter()
-            encode([item])
-            times.append((time.perf_counter() - start) * 1e3)
-        out[kind] = statistics.median(times)
-    return out
+    return median_query_ms(encoder, gallery.texts, gallery.images, n)
 
 
 def added_latency(art: Any, space: str, native_ms: dict[str, float],

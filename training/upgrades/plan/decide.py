@@ -134,9 +134,3 @@ def recommend(options: list[Scored], constraints: Constraints) -> dict[str, Any]
            f"{best.compute_fraction:.3g} of a full backfill)")
     return {**base, "option": best.name, "why": why, "rejected": rejected}
 
-
-def check_objective(objective: str) -> None:
-    from training.upgrades.plan.measure import OBJECTIVES
-
-    if objective not in OBJECTIVES:
-        raise ConfigError(f"objective must be one of {OBJECTIVES}, got {objective!r}")

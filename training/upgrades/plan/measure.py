@@ -29,13 +29,21 @@ import numpy as np
 import torch
 
 from training.errors import ConfigError
-from training.upgrades.transform.simulate import DIRECTIONS, Items, Queries, curve, switch_fraction
+from training.upgrades.transform.simulate import (
+    DIRECTIONS,
+    Items,
+    Queries,
+    curve,
+    switch_fraction,
+    top1_hits,
+)
 
 GRID = tuple(sorted({round(0.05 * k, 2) for k in range(21)} | {0.01}))
 ADAPTERS = ("procrustes", "affine", "residual-mlp")
 SLERP_T = 0.5  # weight of OLD's own query in the "+slerp" routes (as bench upgrade)
 BOOT = 1000
 OBJECTIVES = ("lower", "mean", "t2i", "i2t")
+CHUNK = 512  # queries scored at once
 
 
 @dataclass
@@ -55,12 +63,10 @@ class Embedded:
         """Direction -> bool [Q]: is each query's top-1 item relevant."""
         out = {}
         for direction, (qk, ik) in DIRECTIONS.items():
-            rel = self.relevant[direction]
-            q, x = queries[qk], items[ik]
+            q, rel = queries[qk], self.relevant[direction]
             out[direction] = np.concatenate([
-                rel[np.arange(start, min(start + 512, len(q))),
-                    (q[start:start + 512] @ x.T).argmax(1)]
-                for start in range(0, len(q), 512)])
+                top1_hits(q[start:start + CHUNK] @ items[ik].T, rel[start:start + CHUNK])
+                for start in range(0, len(q), CHUNK)])
         return out
 
 
@@ -134,7 +140,7 @@ class Option:
     overhead_fraction: float = 0.0  # compute before its backfill starts (sample, fit, map)
 
 
-def migration_options(emb: Embedded, route: RouteFit | None, routed: Mapping[str, np.ndarray],
+def migration_options(emb: Embedded, routed: Mapping[str, np.ndarray],
                       transformed: Mapping[str, np.ndarray] | None,
                       orders: Mapping[str, Any], max_negative_flip: float | None,
                       ) -> dict[str, tuple[dict[float, dict[str, np.ndarray]], float | None,
@@ -227,9 +233,3 @@ def _std(draws: np.ndarray) -> float | None:
     ok = draws[np.isfinite(draws)]
     return float(ok.std(ddof=1)) if len(ok) > 1 else None
 
-
-def difference_se(a: np.ndarray, b: np.ndarray) -> float:
-    """The standard error of ``a - b`` from paired draws (0 when they never differ)."""
-    diff = a - b
-    ok = diff[np.isfinite(diff)]
-    return float(ok.std(ddof=1)) if len(ok) > 1 else 0.0

@@ -30,6 +30,7 @@ from training.upgrades.plan.measure import (
     fit_routes,
     migration_options,
 )
+from training.upgrades.slerp import SlerpEncoder
 
 LATENCY_QUERIES = 20
 XBT_TRAIN_FACTOR = 3.0  # a training step's forward + backward, in forwards
@@ -74,7 +75,6 @@ def run_plan(new: Artifact | ModelSpec, old: Artifact, space: str, sample: Any,
     ``xbt``: trained upgrade versions of the candidate with a route into ``space``."""
     from training.upgrades.adapter.fit import embed_sample
     from training.upgrades.inputs import new_model_of
-    from training.upgrades.slerp import SlerpEncoder
     from training.upgrades.transform import TransformConfig, fit_transform
     from training.upgrades.transform.order import order_items
     from training.versions import load_encoder
@@ -120,14 +120,11 @@ def run_plan(new: Artifact | ModelSpec, old: Artifact, space: str, sample: Any,
     stage("time the queries")
     old_ms = query_ms(old_enc, texts, images)
     native_ms = query_ms(new_enc, texts, images)
-    slerp_old = load_encoder(old, None, device) if old.space == space else None
-    options: list[Option] = []
-    for r in routes:
-        options.append(_route_option(r, emb, costs, sample_s, seed, slerp_old, old_ms,
-                                     lambda r=r: Encoder(model, tokenizer, device,
-                                                         text_head=r.maps["text"],
-                                                         image_head=r.maps["image"]),
-                                     SlerpEncoder, texts, images))
+    slerp_old = old_enc if old.space == space else None  # SLERP mixes OLD's native query
+    options = [_route_option(r, emb, costs, sample_s, seed,
+                             Encoder(model, tokenizer, device, text_head=r.maps["text"],
+                                     image_head=r.maps["image"]),
+                             slerp_old, old_ms, texts, images) for r in routes]
     options += _xbt_options(xbt, emb, space, costs, old_ms, texts, images, device, spec)
 
     stage("fit the transform")
@@ -154,7 +151,7 @@ def run_plan(new: Artifact | ModelSpec, old: Artifact, space: str, sample: Any,
     serving = max(measured, key=lambda o: min(float(h.mean()) for h in o.hits.values()))  # type: ignore[union-attr]
     route = next((r for r in routes if r.name == serving.name), None)
     routed_q = route.queries(emb) if route is not None else None
-    migs = migration_options(emb, route, routed_q or {}, transformed, orders,
+    migs = migration_options(emb, routed_q, transformed, orders,
                              max_negative_flip) if routed_q is not None else {}
     dims = {k: v.shape[1] for k, v in emb.item_new.items()}
     side_bytes = gallery_items * sum(4 * d for d in dims.values())
@@ -195,9 +192,10 @@ def run_plan(new: Artifact | ModelSpec, old: Artifact, space: str, sample: Any,
 
 
 def _route_option(r: RouteFit, emb: Embedded, costs: Costs, sample_s: float, seed: int,
-                  slerp_old: Encoder | None, old_ms: dict[str, float],
-                  make: Callable[[], Encoder], slerp_cls: Any, texts: Sequence[str],
-                  images: Sequence[Any]) -> Option:
+                  encoder: Encoder, slerp_old: Encoder | None, old_ms: dict[str, float],
+                  texts: Sequence[str], images: Sequence[Any]) -> Option:
+    """A fitted adapter route measured: ``encoder`` is the new model with its maps (what
+    the route serves), mixed with ``slerp_old`` for a SLERP route."""
     label = f"{r.method} adapter{' + SLERP with the old query' if r.slerp_t else ''}"
     seconds = sample_s + r.fit_seconds
     base = {"name": r.name, "kind": "route", "label": label, "compute_seconds": seconds,
@@ -205,12 +203,12 @@ def _route_option(r: RouteFit, emb: Embedded, costs: Costs, sample_s: float, see
     if r.slerp_t and slerp_old is None:
         return Option(**base, measured=False, note="SLERP runs the old model natively: the "
                       "version serving the gallery is not native to its space")
-    encoder = make()
-    if r.slerp_t:
-        encoder = slerp_cls(encoder, slerp_old, r.slerp_t)
+    served: Encoder | SlerpEncoder = encoder
+    if r.slerp_t and slerp_old is not None:
+        served = SlerpEncoder(encoder, slerp_old, r.slerp_t)
     mods = list(r.maps.values()) + ([slerp_old.model] if r.slerp_t and slerp_old else [])
     return Option(**base, hits=emb.hits(r.queries(emb), emb.item_old),
-                  added_latency_ms=_minus(query_ms(encoder, texts, images), old_ms),
+                  added_latency_ms=_minus(query_ms(served, texts, images), old_ms),
                   storage={"gallery_bytes": 0, "model_bytes": _bytes(mods)},
                   apply={"kind": "adapter", "config": r.config(seed)})
 

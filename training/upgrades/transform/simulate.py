@@ -88,21 +88,22 @@ def curve(items: Items, queries: Queries, orders: Mapping[str, Sequence[int]],
             s_routed = queries.routed[qk][rows] @ items.old[ik].T
             s_new = queries.new[qk][rows] @ items.new[ik].T
             s_trans = queries.new[qk][rows] @ items.transformed[ik].T
-            add("old->old", direction, _hit(s_old, rel))
-            add("routed", direction, _hit(s_routed, rel))
-            add("new->new", direction, _hit(s_new, rel))
+            add("old->old", direction, top1_hits(s_old, rel))
+            add("routed", direction, top1_hits(s_routed, rel))
+            add("new->new", direction, top1_hits(s_new, rel))
             for (name, f, kind), mask in masks.items():
                 if kind != ik:
                     continue
                 side = np.where(mask[None, :], s_new, s_trans)
-                add(f"side {name} {f:g}", direction, _hit(side, rel))
+                add(f"side {name} {f:g}", direction, top1_hits(side, rel))
                 if hybrid:
-                    add(f"hybrid {name} {f:g}", direction, _hit(side + s_routed, rel))
+                    add(f"hybrid {name} {f:g}", direction, top1_hits(side + s_routed, rel))
     return {key: {d: np.concatenate(parts) for d, parts in per.items()}
             for key, per in out.items()}
 
 
-def _hit(scores: np.ndarray, relevant: np.ndarray) -> np.ndarray:
+def top1_hits(scores: np.ndarray, relevant: np.ndarray) -> np.ndarray:
+    """[Q] bool: is each row's best-scored item relevant (scores, relevant: [Q, N])."""
     return relevant[np.arange(len(scores)), scores.argmax(1)]
 
 
