@@ -155,3 +155,29 @@ def test_a_progressive_migration_serves_the_route_until_its_side_beats_it() -> N
             assert all(served[f][d].mean() > route_hits[d].mean() for d in ("t2i", "i2t"))
     assert all(served[1.0][d].mean() == emb.hits(emb.query_new, emb.item_new)[d].mean()
                for d in ("t2i", "i2t"))
+
+
+def test_a_gallery_of_whole_items_is_backfilled_in_one_order_its_sample_first() -> None:
+    from training.upgrades.plan.measure import backfill_orders
+
+    names = [f"item-{i}" for i in range(6)]
+    scores = {"image": np.array([0.1, 0.9, 0.2, 0.8, 0.3, 0.0]),
+              "text": np.array([0.0, 0.0, 0.9, 0.0, 0.0, 0.1])}
+    orders = backfill_orders({"image": names, "text": names}, scores, seed=0, first=[3])
+    learned = orders["learned"]
+    # an item's image and caption are re-embedded together: one order for both kinds, by
+    # the summed error (item 2: 1.1, item 1: 0.9, ...), after the sample's item 3
+    assert learned["image"] == learned["text"] == [3, 2, 1, 4, 0, 5]
+    random = orders["random"]
+    assert random["image"] == random["text"] and random["image"][0] == 3
+    assert sorted(random["image"]) == list(range(6))
+
+
+def test_a_validation_set_of_images_and_captions_orders_each_kind_alone() -> None:
+    from training.upgrades.plan.measure import backfill_orders
+
+    images, captions = ["img-a", "img-b"], ["cap-0", "cap-1", "cap-2"]
+    orders = backfill_orders({"image": images, "text": captions},
+                             {"image": np.array([0.1, 0.5]), "text": np.array([0.3, 0.1, 0.9])},
+                             seed=0)
+    assert orders["learned"] == {"image": [1, 0], "text": [2, 0, 1]}

@@ -179,19 +179,31 @@ def transform_orders(t: Any, e: Embedded, sample_idx: np.ndarray, transformed: d
     return orders, scores
 
 
+def drawn(old: Any, new: Any, args: argparse.Namespace, seed: int,
+          ) -> tuple[list[Any], Embedded, float]:
+    """One draw's items, embedded by OLD and NEW, and the seconds that took."""
+    start = time.perf_counter()
+    items = _items(seed, args.gallery, args.test)
+    return items, embed_draw(old, new, items, args.test), time.perf_counter() - start
+
+
+def sample_rows(n: int, k: int, seed: int) -> np.ndarray:
+    """The rows of the draw's K-item sample (sorted): the items NEW embeds to fit the
+    transform and the route, re-embedded first."""
+    return np.sort(np.random.default_rng(SAMPLE_SEED + seed).permutation(n)[:k])
+
+
 def measure_draw(old: Any, new: Any, args: argparse.Namespace, seed: int,
-                 out: Path) -> dict[str, Any]:
+                 out: Path, draw: tuple[list[Any], Embedded, float] | None = None,
+                 ) -> dict[str, Any]:
+    """Every way measured on one draw (``draw``: ``drawn``'s, when the caller has it)."""
     from training.upgrades.transform import TransformConfig, fit_transform
     from training.upgrades.transform.order import errors, spearman
     from training.upgrades.transform.simulate import curve
 
-    start = time.perf_counter()
-    items = _items(seed, args.gallery, args.test)
-    e = embed_draw(old, new, items, args.test)
-    embed_s = time.perf_counter() - start
+    items, e, embed_s = draw or drawn(old, new, args, seed)
     n = len(items)
-    rng = np.random.default_rng(SAMPLE_SEED + seed)
-    sample_idx = np.sort(rng.permutation(n)[:args.sample])
+    sample_idx = sample_rows(n, args.sample, seed)
     cfg = TransformConfig.from_dict({"method": args.method, "ensemble": args.ensemble,
                                      "seed": seed})
     t0 = time.perf_counter()

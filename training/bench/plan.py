@@ -7,10 +7,10 @@ On ``bench base``'s models and one seed:
    on the standard test set as its validation set and ``bench upgrade``'s adapter sample
    (same items, same size, same seed), against ``bench upgrade``'s own adapter rows on the
    same draw (``run_adapters``: fitted, written as versions and scored through their
-   served routes by the benchmark's code). Target: every share within 0.03. (``bench
-   frontier`` measures another gallery: 50,000 items around its test set, its sample drawn
-   from that gallery, image queries against one stored caption per item; its route is
-   ``bench upgrade``'s procrustes+slerp row, and its transform is the plan's code.)
+   served routes by the benchmark's code). And the plan's migrations on one of ``bench
+   frontier``'s draws (same seed, same 50,000-item gallery, same K-item sample) against
+   ``bench frontier``'s own measure of that draw (``frontier_agreement``). Target: every
+   share within 0.03.
 2. **Cost.** A plan for a ``--gallery``-item gallery (20,000 by default) with the plan
    job's default sample (2% of the gallery, at least 500), timed end to end, against the
    time NEW needs to re-embed that gallery on this host (NEW's rate measured on
@@ -69,6 +69,67 @@ def agreement(old: Any, new: Any, seed: int, sample_k: int, validation: Any,
                 {d: o["side_curve"][0][d]["share"] for d in ("t2i", "i2t")}
                 for o in plan["options"] if o["name"] == "migrate:transform+random"),
             "recommendation": plan["recommendation"]}
+
+
+def frontier_agreement(old: Any, new: Any, seed: int, args: argparse.Namespace,
+                       out: Path) -> dict[str, Any]:
+    """The plan's migrations against ``bench frontier``'s ways on one of its draws (same
+    seed, same gallery, same K-item sample): ``bench frontier``'s code measures the draw,
+    and the plan's code (``fit_routes``, ``transform_migrations``, ``Scorer``) measures the
+    same embedded draw as its items and queries, the sample re-embedded first (it is part of
+    this gallery), its route the procrustes+slerp one (frontier's), at frontier's fractions.
+    Compared: the route alone, today's migration, and each order's side as it stands (the
+    progressive migration's switch is reported: frontier chooses it on a separate
+    validation draw, the plan on the set it measures)."""
+    from training.bench import frontier as fr
+    from training.upgrades.plan.measure import Embedded, Scorer, fit_routes
+    from training.upgrades.plan.run import transform_migrations
+
+    fargs = argparse.Namespace(gallery=args.frontier_gallery, test=args.frontier_test,
+                               sample=args.frontier_sample, validation=args.frontier_validation,
+                               method="residual-mlp", ensemble=1)
+    draw = fr.drawn(old, new, fargs, seed)
+    items, e, _ = draw
+    measured = fr.measure_draw(old, new, fargs, seed, out, draw)
+    rows = fr.strategy_rows(measured)
+    _, queries = fr.simulated(e, {}, {}, fargs.test)  # its queries and relevance
+    kinds = ("image", "text")
+    emb = Embedded(item_old={k: e.vectors[f"old_{k}"] for k in kinds},
+                   item_new={k: e.vectors[f"new_{k}"] for k in kinds},
+                   query_old=queries.old, query_new=queries.new, relevant=queries.relevant)
+    idx = fr.sample_rows(len(items), fargs.sample, seed)
+    s_old = {k: emb.item_old[k][idx] for k in kinds}
+    s_new = {k: emb.item_new[k][idx] for k in kinds}
+    route = next(r for r in fit_routes(s_old, s_new, seed) if r.name == "route:procrustes+slerp")
+    routed = route.queries(emb)
+    scorer = Scorer(emb.hits(emb.query_old, emb.item_old), emb.hits(emb.query_new, emb.item_new),
+                    seed=seed)
+    fractions = measured["fractions"]
+    side = transform_migrations(emb, s_old, s_new, {k: [i.id for i in items] for k in kinds},
+                                routed, seed, None, first=idx, grid=fractions)
+    migs = side.migrations
+    pairs = [("route:procrustes+slerp", "today", 0.0, emb.hits(routed, emb.item_old))]
+    pairs += [("migrate", "today", f, migs["migrate"][0][f]) for f in fractions]
+    for order in ("learned", "random"):
+        pairs += [(f"migrate:transform+{order} (side)", f"transform+{order}", f,
+                   migs[f"migrate:transform+{order}"][2][f]) for f in fractions]
+    compared = []
+    for option, way, f, hits in pairs:
+        theirs = next(p for p in rows[way] if p["fraction"] == f)
+        mine = scorer.shares(hits)
+        compared.append({
+            "option": option, "against": f"bench frontier '{way}'", "fraction": f,
+            "plan": {d: mine[d]["share"] for d in ("t2i", "i2t")},
+            "plan_se": {d: mine[d]["se"] for d in ("t2i", "i2t")},
+            "bench": {d: theirs[d]["share"] for d in ("t2i", "i2t")},
+            "difference": {d: abs(mine[d]["share"] - theirs[d]["share"])
+                           for d in ("t2i", "i2t")}})
+    worst = max(max(r["difference"].values()) for r in compared)
+    return {"seed": seed, "gallery": len(items), "test_items": fargs.test,
+            "sample": fargs.sample, "fractions": fractions, "rows": compared,
+            "switch": {"plan": migs["migrate:transform+learned"][1],
+                       "bench": measured["switch_fraction"]},
+            "worst_difference": round(float(worst), 4), "met": bool(worst <= AGREEMENT)}
 
 
 def backfill_rate(new: Any, probe: int, work: Path) -> float:
@@ -130,6 +191,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rate = backfill_rate(new, args.probe, out / "probe")
     result = {"seed": args.seed,
               "agreement": agreement(old, new, args.seed, args.sample, validation, out),
+              "frontier": frontier_agreement(old, new, args.seed, args, out),
               "cost": [cost(old, new, args.seed, n, rate, validation) for n in args.gallery]}
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench-plan.json").write_text(json.dumps(result, indent=2, default=str))
@@ -155,6 +217,20 @@ def render(result: dict[str, Any]) -> str:
               (f"target: every share within {AGREEMENT}: "
               f"{'met' if a['met'] else 'MISSED'} (worst {a['worst_difference']:.4f})"),
               ""]
+    f = result["frontier"]
+    lines += [(f"seed {result['seed']}: agreement with bench frontier's draw ({f['gallery']:,} "
+               f"items, {f['test_items']:,} test items, sample {f['sample']})"),
+              (f"{'option':36} {'against':30} {'backfill':>8} {'plan t2i/i2t':17} "
+               f"{'bench t2i/i2t':17} |diff|")]
+    for r in f["rows"]:
+        p, b = r["plan"], r["bench"]
+        lines.append(f"{r['option']:36} {r['against']:30} {r['fraction']:8.1%} "
+                     f"{_s(p['t2i'])}/{_s(p['i2t'])}  {_s(b['t2i'])}/{_s(b['i2t'])}  "
+                     f"{max(r['difference'].values()):.4f}")
+    lines += [(f"progressive switch: plan at {f['switch']['plan']} (on the set it measures), "
+               f"bench frontier at {f['switch']['bench']} (on its validation draw)"),
+              (f"target: every share within {AGREEMENT}: "
+               f"{'met' if f['met'] else 'MISSED'} (worst {f['worst_difference']:.4f})"), ""]
     for c in result["cost"]:
         lines += [(f"cost: a plan for a {c['gallery']:,}-item gallery (sample {c['sample']}, "
                    f"validation {c['validation_items']} items): {c['plan_seconds']:.1f} s; "
@@ -175,6 +251,14 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sample", type=int, default=10_000, help="agreement: the adapters' "
                    "sample (bench upgrade's default)")
+    p.add_argument("--frontier-gallery", type=int, default=50_000, help="frontier agreement: "
+                   "items in bench frontier's draw (its default)")
+    p.add_argument("--frontier-test", type=int, default=5_000, help="frontier agreement: its "
+                   "test items")
+    p.add_argument("--frontier-sample", type=int, default=900, help="frontier agreement: its "
+                   "sample (K)")
+    p.add_argument("--frontier-validation", type=int, default=1_000, help="frontier agreement: "
+                   "its validation draw (where it chooses the progressive switch)")
     p.add_argument("--gallery", type=int, nargs="+", default=[20_000, 200_000],
                    help="cost: the galleries' sizes (items) to plan for")
     p.add_argument("--probe", type=int, default=2_000, help="cost: items NEW re-embeds to "

@@ -21,7 +21,7 @@ differences (``Scorer``) come from one draw of the queries for every option.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +44,7 @@ SLERP_T = 0.5  # weight of OLD's own query in the "+slerp" routes (as bench upgr
 BOOT = 1000
 OBJECTIVES = ("lower", "mean", "t2i", "i2t")
 CHUNK = 512  # queries scored at once
+MIGRATION_ORDERS = ("learned", "random")  # the progressive migrations a plan simulates
 
 
 @dataclass
@@ -143,25 +144,54 @@ class Option:
 def migration_options(emb: Embedded, routed: Mapping[str, np.ndarray],
                       transformed: Mapping[str, np.ndarray] | None,
                       orders: Mapping[str, Any], max_negative_flip: float | None,
+                      grid: Sequence[float] = GRID,
                       ) -> dict[str, tuple[dict[float, dict[str, np.ndarray]], float | None,
                                            dict[float, dict[str, np.ndarray]] | None]]:
-    """Name -> (served hits at each fraction of ``GRID``, switch fraction, the target side's
+    """Name -> (served hits at each fraction of ``grid``, switch fraction, the target side's
     hits as it stands at each fraction) for today's migration (``migrate``: the route until
     the end; no side) and, with ``transformed`` items, a progressive migration per order
     (``migrate:transform+<order>``; an order: item rows, or per kind its own rows)."""
     items = Items(emb.item_old, emb.item_new, transformed or emb.item_new)
     queries = Queries(emb.query_new, routed, emb.query_old, emb.relevant)
-    hits = curve(items, queries, orders if transformed else {}, GRID, hybrid=False)
+    hits = curve(items, queries, orders if transformed else {}, grid, hybrid=False)
     out: dict[str, Any] = {"migrate": (
-        {f: hits["new->new"] if f >= 1.0 else hits["routed"] for f in GRID}, 1.0, None)}
+        {f: hits["new->new"] if f >= 1.0 else hits["routed"] for f in grid}, 1.0, None)}
     if transformed is None:
         return out
     for order in orders:
-        switch = switch_fraction(hits, order, GRID, max_negative_flip)
-        side = {f: hits[f"side {order} {f:g}"] for f in GRID}
+        switch = switch_fraction(hits, order, grid, max_negative_flip)
+        side = {f: hits[f"side {order} {f:g}"] for f in grid}
         out[f"migrate:transform+{order}"] = (
             {f: side[f] if switch is not None and f >= switch else hits["routed"]
-             for f in GRID}, switch, side)
+             for f in grid}, switch, side)
+    return out
+
+
+def backfill_orders(names: Mapping[str, Sequence[str]], scores: Mapping[str, np.ndarray],
+                    seed: int, first: Sequence[int] = (),
+                    orders: Sequence[str] = MIGRATION_ORDERS) -> dict[str, Any]:
+    """Order name -> the backfill's rows. Items whose kinds share their names (a gallery of
+    items each with an image and a caption) are re-embedded whole, as a migration does: one
+    order over the items, by the summed predicted error of their kinds. Otherwise (the
+    validation set: images and all their captions) each kind has its own order. ``first``:
+    rows a migration re-embeds before any order (the sample NEW embedded to fit the
+    transform, when it is part of the measured items)."""
+    from training.upgrades.transform.order import order_items
+
+    kinds = list(names)
+    paired = all(list(names[k]) == list(names[kinds[0]]) for k in kinds)
+    groups = {"items": kinds} if paired else {k: [k] for k in kinds}
+    out: dict[str, Any] = {o: {} for o in orders}
+    for group in groups.values():
+        key = list(names[group[0]])
+        total = np.sum([np.asarray(scores[k], np.float64) for k in group], axis=0)
+        done = np.zeros(len(key), bool)
+        done[np.asarray(first, np.int64)] = True
+        rest = np.flatnonzero(~done)
+        for o in orders:
+            picked = order_items(o, [key[i] for i in rest], total[rest], seed=seed)
+            rows = [int(i) for i in first] + [int(rest[p]) for p in picked]
+            out[o].update({k: rows for k in group})
     return out
 
 
@@ -177,11 +207,22 @@ class Scorer:
         rng = np.random.default_rng(seed)
         self.objective = objective
         self.old, self.new = old_hits, new_hits
-        self.idx = {d: rng.integers(0, len(old_hits[d]), (boot, len(old_hits[d])))
-                    for d in old_hits}
+        # each draw as the count of every query in it: a draw's mean of any hits is then
+        # one row of a matrix product (one product scores all the draws of an option)
+        self.weights = {}
+        for d, hits in old_hits.items():
+            q = len(hits)
+            idx = rng.integers(0, q, (boot, q))
+            counts = np.bincount((idx + q * np.arange(boot)[:, None]).ravel(),
+                                 minlength=boot * q).reshape(boot, q)
+            self.weights[d] = counts.astype(np.float32) / q
+        self.old_draws = {d: self._means(old_hits[d], d) for d in old_hits}
         self.gain = {d: float(new_hits[d].mean() - old_hits[d].mean()) for d in old_hits}
-        self.gain_draws = {d: new_hits[d][self.idx[d]].mean(1) - old_hits[d][self.idx[d]].mean(1)
-                           for d in old_hits}
+        self.gain_draws = {d: self._means(new_hits[d], d) - self.old_draws[d] for d in old_hits}
+
+    def _means(self, hits: np.ndarray, direction: str) -> np.ndarray:
+        """[boot] the mean of ``hits`` [Q] in each bootstrap draw of the queries."""
+        return (self.weights[direction] @ np.asarray(hits, np.float32)).astype(np.float64)
 
     def share(self, hits: Mapping[str, np.ndarray], direction: str) -> float | None:
         gain = self.gain[direction]
@@ -191,8 +232,8 @@ class Scorer:
 
     def draws(self, hits: Mapping[str, np.ndarray], direction: str) -> np.ndarray:
         """[boot] the share in each bootstrap draw (NaN where the draw has no gain)."""
-        idx, gains = self.idx[direction], self.gain_draws[direction]
-        lift = hits[direction][idx].mean(1) - self.old[direction][idx].mean(1)
+        gains = self.gain_draws[direction]
+        lift = self._means(hits[direction], direction) - self.old_draws[direction]
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.where(gains > 0, lift / gains, np.nan)
 

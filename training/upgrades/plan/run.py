@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,7 @@ from training.upgrades.plan.measure import (
     Option,
     RouteFit,
     Scorer,
+    backfill_orders,
     fit_routes,
     migration_options,
 )
@@ -75,8 +77,6 @@ def run_plan(new: Artifact | ModelSpec, old: Artifact, space: str, sample: Any,
     ``xbt``: trained upgrade versions of the candidate with a route into ``space``."""
     from training.upgrades.adapter.fit import embed_sample
     from training.upgrades.inputs import new_model_of
-    from training.upgrades.transform import TransformConfig, fit_transform
-    from training.upgrades.transform.order import order_items
     from training.versions import load_encoder
 
     stage = on_stage or (lambda s: None)
@@ -127,32 +127,18 @@ def run_plan(new: Artifact | ModelSpec, old: Artifact, space: str, sample: Any,
                              slerp_old, old_ms, texts, images) for r in routes]
     options += _xbt_options(xbt, emb, space, costs, old_ms, texts, images, device, spec)
 
-    stage("fit the transform")
-    t0 = time.perf_counter()
-    fitted = fit_transform(sample_old, sample_new, TransformConfig(seed=seed))
-    fit_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    transformed = {k: fitted.apply(k, emb.item_old[k]) for k in fitted.kinds}
-    scores = {k: fitted.predicted_error(k, emb.item_old[k], transformed[k])
-              for k in fitted.kinds}
-    items_n = sum(len(v) for v in transformed.values())
-    map_s = (time.perf_counter() - t0) / max(1, items_n) * gallery_items * len(transformed)
-    for k in emb.item_new:
-        transformed.setdefault(k, np.zeros_like(emb.item_new[k]))
-        scores.setdefault(k, np.zeros(len(emb.item_new[k])))
-    names = {"image": [r.id for r in validation.records],
-             "text": [f"caption-{c:07d}" for c in range(len(texts))]}
-    orders = {o: {k: order_items(o, names[k], np.asarray(scores[k]), seed=seed)
-                  for k in names} for o in ("learned", "random")}
-    stage("simulate the migrations")
     measured = [o for o in options if o.kind == "route" and o.measured and o.hits is not None]
     # the route that serves until a migration switches: the best measured one (by the
     # lower direction's R@1, which needs no gain to be defined)
     serving = max(measured, key=lambda o: min(float(h.mean()) for h in o.hits.values()))  # type: ignore[union-attr]
-    route = next((r for r in routes if r.name == serving.name), None)
-    routed_q = route.queries(emb) if route is not None else None
-    migs = migration_options(emb, routed_q, transformed, orders,
-                             max_negative_flip) if routed_q is not None else {}
+    route = next(r for r in routes if r.name == serving.name)
+    stage("fit the transform and simulate the migrations")
+    names = {"image": [r.id for r in validation.records],
+             "text": [f"caption-{c:07d}" for c in range(len(texts))]}
+    ts = transform_migrations(emb, sample_old, sample_new, names, route.queries(emb), seed,
+                              max_negative_flip)
+    fitted, fit_s, migs = ts.fitted, ts.fit_seconds, ts.migrations
+    map_s = ts.map_seconds / max(1, ts.mapped_items) * gallery_items * len(fitted.kinds)
     dims = {k: v.shape[1] for k, v in emb.item_new.items()}
     side_bytes = gallery_items * sum(4 * d for d in dims.values())
     after_ms = {k: max(native_ms[k], old_ms[k] + (serving.added_latency_ms or {}).get(k, 0.0))
@@ -189,6 +175,47 @@ def run_plan(new: Artifact | ModelSpec, old: Artifact, space: str, sample: Any,
                     "total": round(time.perf_counter() - started, 3)},
         "grid": list(GRID)})
     return plan
+
+
+@dataclass
+class TransformSide:
+    """The gallery-side transform fitted on the sample and the progressive migrations it
+    makes, simulated on the measured items (``migration_options``)."""
+
+    fitted: Any
+    fit_seconds: float
+    map_seconds: float  # mapping the measured items and predicting their errors
+    mapped_items: int
+    migrations: dict[str, Any]
+
+
+def transform_migrations(emb: Embedded, sample_old: Mapping[str, np.ndarray],
+                         sample_new: Mapping[str, np.ndarray],
+                         names: Mapping[str, Sequence[str]], routed: Mapping[str, np.ndarray],
+                         seed: int, max_negative_flip: float | None,
+                         first: Sequence[int] = (), grid: Sequence[float] = GRID,
+                         ) -> TransformSide:
+    """Fit the transform OLD -> NEW on the sample's pairs, map the measured items' stored
+    vectors, order the backfill by their predicted errors (``backfill_orders``: ``names``
+    per kind; ``first``: rows re-embedded before any order) and simulate today's migration
+    and a progressive one per order, ``routed`` serving until the switch."""
+    from training.upgrades.transform import TransformConfig, fit_transform
+
+    t0 = time.perf_counter()
+    fitted = fit_transform(sample_old, sample_new, TransformConfig(seed=seed))
+    fit_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    transformed = {k: fitted.apply(k, emb.item_old[k]) for k in fitted.kinds}
+    scores = {k: fitted.predicted_error(k, emb.item_old[k], transformed[k])
+              for k in fitted.kinds}
+    map_s = time.perf_counter() - t0
+    mapped = sum(len(v) for v in transformed.values())
+    for k in emb.item_new:
+        transformed.setdefault(k, np.zeros_like(emb.item_new[k]))
+        scores.setdefault(k, np.zeros(len(emb.item_new[k])))
+    orders = backfill_orders(names, scores, seed, first)
+    migs = migration_options(emb, routed, transformed, orders, max_negative_flip, grid)
+    return TransformSide(fitted, fit_s, map_s, mapped, migs)
 
 
 def _route_option(r: RouteFit, emb: Embedded, costs: Costs, sample_s: float, seed: int,
