@@ -122,7 +122,7 @@ def frontier_agreement(old: Any, new: Any, seed: int, args: argparse.Namespace,
             "plan": {d: mine[d]["share"] for d in ("t2i", "i2t")},
             "plan_se": {d: mine[d]["se"] for d in ("t2i", "i2t")},
             "bench": {d: theirs[d]["share"] for d in ("t2i", "i2t")},
-            "difference": {d: abs(mine[d]["share"] - theirs[d]["share"])
+            "difference": {d: _gap(mine[d]["share"], theirs[d]["share"])
                            for d in ("t2i", "i2t")}})
     worst = max(max(r["difference"].values()) for r in compared)
     return {"seed": seed, "gallery": len(items), "test_items": fargs.test,
@@ -130,6 +130,14 @@ def frontier_agreement(old: Any, new: Any, seed: int, args: argparse.Namespace,
             "switch": {"plan": migs["migrate:transform+learned"][1],
                        "bench": measured["switch_fraction"]},
             "worst_difference": round(float(worst), 4), "met": bool(worst <= AGREEMENT)}
+
+
+def _gap(a: float | None, b: float | None) -> float:
+    """|a - b|; a share is None where NEW gains nothing in that direction (both: no gap;
+    one: they disagree)."""
+    if a is None or b is None:
+        return 0.0 if a is b else float("inf")
+    return abs(a - b)
 
 
 def backfill_rate(new: Any, probe: int, work: Path) -> float:
