@@ -181,3 +181,34 @@ def test_a_validation_set_of_images_and_captions_orders_each_kind_alone() -> Non
                              {"image": np.array([0.1, 0.5]), "text": np.array([0.3, 0.1, 0.9])},
                              seed=0)
     assert orders["learned"] == {"image": [1, 0], "text": [2, 0, 1]}
+
+
+def test_a_migration_simulated_on_whole_items_is_scored_against_its_own_baseline() -> None:
+    """The plan's migrations are simulated on the validation set as whole items (each image
+    with its first caption), whose image->text baseline is not the routes' (every caption):
+    a migration's shares, flips and area are of its own scorer, drawn on the same queries."""
+    from training.upgrades.plan.build import Costs, make_plan
+    from training.upgrades.plan.measure import Option
+
+    rng = np.random.default_rng(3)
+    q = {"t2i": 500, "i2t": 100}
+    old = {d: rng.random(n) < 0.5 for d, n in q.items()}
+    new = {d: rng.random(n) < 0.8 for d, n in q.items()}
+    whole_old = {"t2i": old["t2i"], "i2t": rng.random(100) < 0.3}  # fewer captions to hit
+    whole_new = {"t2i": new["t2i"], "i2t": rng.random(100) < 0.6}
+    plan_scorer, whole = Scorer(old, new, seed=0), Scorer(whole_old, whole_new, seed=0)
+    assert all(np.array_equal(plan_scorer.weights[d], whole.weights[d]) for d in q)  # paired
+    half = {d: np.where(np.arange(len(whole_new[d])) % 2 == 0, whole_new[d], whole_old[d])
+            for d in q}
+    served = {f: whole_new if f >= 1.0 else half for f in GRID}
+    options = [Option("route:x", "route", "a route", 1.0, 0.01, hits=old),
+               Option("migrate", "migration", "re-embed every item", 10.0, 1.0,
+                      hits=whole_new, served=served, switch_at=1.0, scorer=whole)]
+    plan = make_plan(options, plan_scorer, Costs(1000, 100, 1.0), Constraints(), old, new)
+    row = next(r for r in plan["options"] if r["name"] == "migrate")
+    assert row["share"]["i2t"]["share"] == pytest.approx(1.0)  # its own new->new: all of it
+    before = row["curve"][0]["i2t"]["share"]
+    assert before == pytest.approx(whole.share(half, "i2t"), abs=1e-4)
+    assert before != pytest.approx(plan_scorer.share(half, "i2t"), abs=1e-2)
+    worst = max(float((whole_old["i2t"] & ~h["i2t"]).mean()) for h in (half, whole_new))
+    assert row["negative_flip"]["i2t"] == pytest.approx(worst, abs=1e-4)  # its old->old

@@ -66,33 +66,38 @@ def make_plan(options: Sequence[Option], scorer: Scorer, costs: Costs,
             "added_latency_ms": ({k: _r(v, 3) for k, v in o.added_latency_ms.items()}
                                  if o.added_latency_ms else None),
             "storage": o.storage}
+        sc = o.scorer or scorer
+        own_gain = not [d for d, g in sc.gain.items() if g <= 0]
+        if o.measured and o.hits is not None and not no_gain and not own_gain:
+            row["note"] = (f"{o.note}; " if o.note else "") + (
+                "the new model gains nothing on the items it was simulated on: no share")
         s = Scored(o.name, o.compute_fraction, o.compute_seconds / 3600,
-                   _worst(o.added_latency_ms), None, o.measured)
-        if o.measured and o.hits is not None and not no_gain:
-            both = {"old->old": old_hits, "x": o.hits}
+                   _worst(o.added_latency_ms), None, o.measured and own_gain)
+        if o.measured and o.hits is not None and not no_gain and own_gain:
+            both = {"old->old": sc.old, "x": o.hits}
             flips = {d: negative_flip(both, "x", "old->old", d) for d in o.hits}
             if o.served is not None:  # a migration: the worst point it serves
-                flips = {d: max(negative_flip({"old->old": old_hits, "x": h}, "x", "old->old", d)
+                flips = {d: max(negative_flip({"old->old": sc.old, "x": h}, "x", "old->old", d)
                                 for h in o.served.values()) for d in o.hits}
             s.negative_flip = max(flips.values())
-            s.score, s.draws = scorer.score(o.hits)
+            s.score, s.draws = sc.score(o.hits)
             row.update({"R@1": {d: _r(float(h.mean())) for d, h in o.hits.items()},
                         "share": {d: {k: _r(v) for k, v in sh.items()}
-                                  for d, sh in scorer.shares(o.hits).items()},
+                                  for d, sh in sc.shares(o.hits).items()},
                         "score": _r(s.score), "negative_flip": {d: _r(v) for d, v in
                                                                 flips.items()}})
             if o.served is not None:
-                s.area, s.area_draws = scorer.area(o.served)
+                s.area, s.area_draws = sc.area(o.served)
                 row.update({"mean_share_during": _r(s.area), "switch_at": o.switch_at,
                             "overhead_fraction": _r(o.overhead_fraction),
                             "curve": [{"fraction": f, "compute": _r(o.overhead_fraction + f),
                                        **{d: {k: _r(v) for k, v in sh.items()} for d, sh in
-                                          scorer.shares(o.served[f]).items()}}
+                                          sc.shares(o.served[f]).items()}}
                                       for f in sorted(o.served)]})
             if o.side is not None:  # the side as it stands (served from the switch on)
                 row["side_curve"] = [{"fraction": f, **{
                     d: {k: _r(v) for k, v in sh.items()} for d, sh in
-                    scorer.shares(o.side[f]).items()}} for f in sorted(o.side)]
+                    sc.shares(o.side[f]).items()}} for f in sorted(o.side)]
         scored.append(s)
         rows.append(row)
     decision = recommend(scored, constraints)

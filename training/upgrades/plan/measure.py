@@ -139,6 +139,9 @@ class Option:
     switch_at: float | None = None
     side: dict[float, dict[str, np.ndarray]] | None = None  # the target side as it stands
     overhead_fraction: float = 0.0  # compute before its backfill starts (sample, fit, map)
+    # the measure its shares are of, when not the plan's: a migration is simulated on the
+    # validation set as a gallery of whole items, its own baseline (same query draws)
+    scorer: Scorer | None = None
 
 
 def migration_options(emb: Embedded, routed: Mapping[str, np.ndarray],
