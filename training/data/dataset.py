@@ -121,6 +121,15 @@ class PairDataset:
             raise DataError(f"no captions in language {language!r}; available: {self.languages()}")
         return texts, owners
 
+    def stored_captions(self, language: str = "en") -> dict[int, int]:
+        """Record index -> the index (in ``captions``) of its first caption in `language`:
+        the one a gallery stores with the item. Records without one are left out."""
+        _, owners = self.captions(language)
+        stored: dict[int, int] = {}
+        for c, owner in enumerate(owners):
+            stored.setdefault(owner, c)
+        return stored
+
     def attribute_sets(
         self, language: str = "en"
     ) -> tuple[list[dict[str, str]], list[dict[str, str]]] | None:

@@ -67,13 +67,14 @@ def make_plan(options: Sequence[Option], scorer: Scorer, costs: Costs,
                                  if o.added_latency_ms else None),
             "storage": o.storage}
         sc = o.scorer or scorer
-        own_gain = not [d for d, g in sc.gain.items() if g <= 0]
-        if o.measured and o.hits is not None and not no_gain and not own_gain:
+        own_gain = all(g > 0 for g in sc.gain.values())
+        scoreable = o.measured and o.hits is not None and not no_gain
+        if scoreable and not own_gain:
             row["note"] = (f"{o.note}; " if o.note else "") + (
                 "the new model gains nothing on the items it was simulated on: no share")
         s = Scored(o.name, o.compute_fraction, o.compute_seconds / 3600,
                    _worst(o.added_latency_ms), None, o.measured and own_gain)
-        if o.measured and o.hits is not None and not no_gain and own_gain:
+        if scoreable and own_gain:
             both = {"old->old": sc.old, "x": o.hits}
             flips = {d: negative_flip(both, "x", "old->old", d) for d in o.hits}
             if o.served is not None:  # a migration: the worst point it serves

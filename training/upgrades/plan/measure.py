@@ -20,6 +20,7 @@ differences (``Scorer``) come from one draw of the queries for every option.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -171,7 +172,7 @@ def migration_options(emb: Embedded, routed: Mapping[str, np.ndarray],
 
 
 def backfill_orders(names: Mapping[str, Sequence[str]], scores: Mapping[str, np.ndarray],
-                    seed: int, first: Sequence[int] = (),
+                    seed: int, first: Sequence[int] | np.ndarray = (),
                     orders: Sequence[str] = MIGRATION_ORDERS) -> dict[str, Any]:
     """Order name -> the backfill's rows. Items whose kinds share their names (a gallery of
     items each with an image and a caption) are re-embedded whole, as a migration does: one
@@ -209,7 +210,6 @@ class Scorer:
             raise ConfigError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
         rng = np.random.default_rng(seed)
         self.objective = objective
-        self.old, self.new = old_hits, new_hits
         # each draw as the count of every query in it: a draw's mean of any hits is then
         # one row of a matrix product (one product scores all the draws of an option)
         self.weights = {}
@@ -219,9 +219,23 @@ class Scorer:
             counts = np.bincount((idx + q * np.arange(boot)[:, None]).ravel(),
                                  minlength=boot * q).reshape(boot, q)
             self.weights[d] = counts.astype(np.float32) / q
+        self._baseline(old_hits, new_hits)
+
+    def _baseline(self, old_hits: Mapping[str, np.ndarray],
+                  new_hits: Mapping[str, np.ndarray]) -> None:
+        """The gain's zero (``old_hits``) and one (``new_hits``), and their draws."""
+        self.old, self.new = old_hits, new_hits
         self.old_draws = {d: self._means(old_hits[d], d) for d in old_hits}
         self.gain = {d: float(new_hits[d].mean() - old_hits[d].mean()) for d in old_hits}
         self.gain_draws = {d: self._means(new_hits[d], d) - self.old_draws[d] for d in old_hits}
+
+    def rebased(self, old_hits: Mapping[str, np.ndarray],
+                new_hits: Mapping[str, np.ndarray]) -> Scorer:
+        """The same bootstrap draws of the same queries, shares against another baseline
+        (the same queries against other items), so options scored by either stay paired."""
+        out = copy.copy(self)
+        out._baseline(old_hits, new_hits)
+        return out
 
     def _means(self, hits: np.ndarray, direction: str) -> np.ndarray:
         """[boot] the mean of ``hits`` [Q] in each bootstrap draw of the queries."""

@@ -98,7 +98,7 @@ def run_plan(new: Artifact | ModelSpec, old: Artifact, space: str, sample: Any,
     stage("embed the validation set")
     t0 = time.perf_counter()
     language = "en" if "en" in validation.languages() else validation.languages()[0]
-    texts, owners = validation.captions(language)
+    texts, _ = validation.captions(language)
     images = [validation.load_image(n) for n in range(len(validation))]
     rel = validation.relevance(language)  # [captions, images]
     # a gallery of the validation set's images and of all its captions (as bench upgrade
@@ -116,16 +116,16 @@ def run_plan(new: Artifact | ModelSpec, old: Artifact, space: str, sample: Any,
     scorer = Scorer(old_hits, new_hits, objective, seed=seed)
     # the migrations are simulated on the validation set as a gallery of whole items (each
     # image with its first caption, re-embedded together), as a migration simulates its own
-    # curve and switch (``service.jobkinds.migrate.transform.validation_curve``); same
-    # queries, so the same seed draws the same bootstrap and options stay paired
-    first = sorted({o: c for c, o in reversed(list(enumerate(owners)))}.items())
-    stored = np.asarray([c for _, c in first], np.int64)
+    # curve and switch (``service.jobkinds.migrate.transform.validation_curve``); the
+    # same queries and the same bootstrap draws of them, so options stay paired
+    captioned = validation.stored_captions(language)  # item -> its stored caption
+    stored = np.asarray(list(captioned.values()), np.int64)
     whole = Embedded(item_old={"image": old_images, "text": old_texts[stored]},
                      item_new={"image": new_images, "text": new_texts[stored]},
                      query_old=emb.query_old, query_new=emb.query_new,
                      relevant={"t2i": rel, "i2t": rel[stored].T})
-    whole_scorer = Scorer(whole.hits(whole.query_old, whole.item_old),
-                          whole.hits(whole.query_new, whole.item_new), objective, seed=seed)
+    whole_scorer = scorer.rebased(whole.hits(whole.query_old, whole.item_old),
+                                  whole.hits(whole.query_new, whole.item_new))
 
     stage("fit the adapters")
     routes = fit_routes(sample_old, sample_new, seed)
@@ -146,7 +146,7 @@ def run_plan(new: Artifact | ModelSpec, old: Artifact, space: str, sample: Any,
     route = next(r for r in routes if r.name == serving.name)
     stage("fit the transform and simulate the migrations")
     ids = [r.id for r in validation.records]
-    names = {"image": ids, "text": [ids[o] for o, _ in first]}  # an item without a
+    names = {"image": ids, "text": [ids[o] for o in captioned]}  # an item without a
     # caption in this language: the kinds differ, and each is ordered alone
     ts = transform_migrations(whole, sample_old, sample_new, names,
                               route.queries(whole), seed, max_negative_flip)
@@ -209,7 +209,7 @@ def transform_migrations(emb: Embedded, sample_old: Mapping[str, np.ndarray],
                          sample_new: Mapping[str, np.ndarray],
                          names: Mapping[str, Sequence[str]], routed: Mapping[str, np.ndarray],
                          seed: int, max_negative_flip: float | None,
-                         first: Sequence[int] = (), grid: Sequence[float] = GRID,
+                         first: Sequence[int] | np.ndarray = (), grid: Sequence[float] = GRID,
                          ) -> TransformSide:
     """Fit the transform OLD -> NEW on the sample's pairs, map the measured items' stored
     vectors, order the backfill by their predicted errors (``backfill_orders``: ``names``
