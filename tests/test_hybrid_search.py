@@ -7,8 +7,15 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
-from conftest import ADMIN
+from conftest import ADMIN, bound
 from qdrant_client import QdrantClient
+from test_migration import add, up_version, world, world_items
+from test_worker import gateway, job_settings
+
+__all__ = ["up_version", "world"]  # fixtures
+
+from service.state.jobs.workers import write_beat
+from service.state.registry import Registry
 
 from service.state.gallery.store import GalleryStore, Hit, Item
 from service.usecases.search import Query, _fuse
@@ -67,3 +74,31 @@ def test_hybrid_search_needs_an_open_migration(gateway_factory) -> None:
         r = client.post("/v1/galleries/shapes/search", headers=ADMIN,
                         data={"text": "a red circle", "hybrid": "maybe"})
         assert r.status_code == 422, r.text
+
+
+def test_an_item_both_sides_found_reports_the_serving_sides_version_and_space(
+        micro_versions, world, up_version, tmp_path) -> None:
+    """Through the gateway, a migration open (its job queued; a worker's liveness record
+    with no worker behind it, so nothing runs the job and the gallery stays backfilling, the
+    source side in space v1 serving) and items written since it opened (so on both sides):
+    each hit says the serving side's space, not the other side's."""
+    values = job_settings(tmp_path / "data", world, broker=False, queue="training")
+    with gateway(values, micro_versions, world) as client:
+        settings = client.app.state.gateway.settings  # type: ignore[attr-defined]
+        write_beat(settings, "idle@test", "2020-01-01T00:00:00+00:00")
+        registry = Registry(settings.registry_dir)
+        registry.register(up_version, by="test", gate=bound({"passed": True},
+                                                            validation=str(world)))
+        r = client.post("/v1/models/up/promote", headers=ADMIN, json={"gallery": "shapes"})
+        assert r.status_code == 200, r.text
+        r = client.post("/v1/galleries/shapes/migration", headers=ADMIN, json={"shards": 1})
+        assert r.status_code == 202, r.text
+        add(client, world_items(world, range(6)))  # written to both sides
+        r = client.post("/v1/galleries/shapes/search", json={
+            "text": "a red circle", "top_k": 6, "hybrid": True})
+        assert r.status_code == 200, r.text
+        answer = r.json()
+        assert (answer["space"], answer["route"]) == ("v1", "hybrid")
+        assert {h["id"] for h in answer["hits"]} == {f"w{i}" for i in range(6)}
+        assert [(h["id"], h["space"], h["version"]) for h in answer["hits"]] == [
+            (h["id"], "v1", "up") for h in answer["hits"]]

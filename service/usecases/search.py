@@ -120,6 +120,17 @@ def _fuse(gateway: Gateway, collections: tuple[str, str], vectors: list[np.ndarr
     floors = [min(side.values(), default=0.0) for side in scores]
     fused = {i: sum(side.get(i, floor) for side, floor in zip(scores, floors, strict=True))
              for i in ids}
-    first = {h.id: h for side in found for h in reversed(side)}  # the serving side's wins
     best = sorted(ids, key=lambda i: -fused[i])[:query.top_k]
-    return [Hit(i, fused[i], first[i].payload, first[i].version, first[i].space) for i in best]
+    found_by = _found_by(found)
+    return [Hit(i, fused[i], found_by[i].payload, found_by[i].version, found_by[i].space)
+            for i in best]
+
+
+def _found_by(found: list[list[Hit]]) -> dict[str, Hit]:
+    """Each item's hit as the first side that found it reports it: the serving side's
+    version, space and payload wherever the serving side found the item."""
+    first: dict[str, Hit] = {}
+    for side in found:
+        for hit in side:
+            first.setdefault(hit.id, hit)
+    return first
