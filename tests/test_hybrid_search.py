@@ -1,6 +1,7 @@
 """Hybrid scoring while a gallery migrates (``service.usecases.search``): each item scored
-by both sides, over the union of both sides' candidates; through the API, only while a
-migration keeps two sides."""
+by both sides, over the union of both sides' candidates (an item a side lacks scored there
+by the line from the other side's score); through the API, only while a migration keeps
+two sides, each hit as the serving side holds it."""
 
 from __future__ import annotations
 
@@ -14,10 +15,9 @@ from test_worker import gateway, job_settings
 
 __all__ = ["up_version", "world"]  # fixtures
 
+from service.state.gallery.store import GalleryStore, Item
 from service.state.jobs.workers import write_beat
 from service.state.registry import Registry
-
-from service.state.gallery.store import GalleryStore, Hit, Item
 from service.usecases.search import Query, _fuse
 
 
@@ -50,17 +50,51 @@ def test_each_candidate_is_scored_on_both_sides_and_the_sum_ranks_them() -> None
                                                        reverse=True)
 
 
-def test_an_item_one_side_lacks_gets_that_sides_lowest_pooled_score() -> None:
+def with_cosine(c: float) -> np.ndarray:
+    """A unit vector whose cosine with [1, 0] is ``c``."""
+    return np.asarray([c, np.sqrt(1 - c * c)], np.float32)
+
+
+def test_an_item_one_side_lacks_is_scored_there_by_the_line_from_the_other_side() -> None:
+    """The new side's scores run at half the old side's plus 0.3 on the items both hold;
+    'x', not re-embedded yet, gets 0.3 + 0.5 * its old score there, not the new side's
+    lowest (which put it last although the old side ranks it first)."""
     store = GalleryStore(QdrantClient(":memory:"), serialise=True)
     old, new = store.create_side("g", 2), store.create_side("g", 2)
-    store.upsert(old, [Item("a", {"image": unit([1, 0])}), Item("b", {"image": unit([0.6, 0.8])})],
-                 "v", "s")
-    store.upsert(new, [Item("b", {"image": unit([1, 0])})], "v", "s")  # 'a' not there yet
-    found = [[Hit("a", 1.0, {}, "v", "s"), Hit("b", 0.6, {}, "v", "s")],
-             [Hit("b", 1.0, {}, "v", "s")]]
-    hits = _fuse(SimpleNamespace(store=store), (old, new), [unit([1, 0]), unit([1, 0])],
-                 found, Query(text="x", top_k=2))
-    assert [(h.id, round(h.score, 4)) for h in hits] == [("a", 2.0), ("b", 1.6)]
+    olds = {"a": 0.2, "b": 0.4, "c": 0.6, "d": 0.8, "x": 0.95}
+    store.upsert(old, [Item(i, {"image": with_cosine(c)}) for i, c in olds.items()], "v", "s")
+    store.upsert(new, [Item(i, {"image": with_cosine(0.3 + 0.5 * c)})
+                       for i, c in olds.items() if i != "x"], "v", "s")
+    q = unit([1, 0])
+    found = [store.search(c, q, "image", 5) for c in (old, new)]
+    hits = _fuse(SimpleNamespace(store=store), (old, new), [q, q], found,
+                 Query(text="x", top_k=5))
+    assert [h.id for h in hits] == ["x", "d", "c", "b", "a"]
+    expected = {i: c + 0.3 + 0.5 * c for i, c in olds.items()}
+    assert {h.id: round(h.score, 4) for h in hits} == {
+        i: round(v, 4) for i, v in expected.items()}
+
+
+def test_two_sides_that_score_alike_rank_as_one_whatever_share_is_backfilled() -> None:
+    """A migration to a model that scores like the old one, a share of the items
+    re-embedded (the rest lacking on the new side): the hybrid ranking is the old side's
+    own, at every share: being re-embedded neither lifts an item nor sinks one."""
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(30, 8)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    ids = [f"i{n}" for n in range(30)]
+    query = unit(list(rng.normal(size=8)))
+    expected = [ids[n] for n in np.argsort(-(vectors @ query))[:10]]
+    for share in (0.2, 0.5, 0.8):
+        store = GalleryStore(QdrantClient(":memory:"), serialise=True)
+        old, new = store.create_side("g", 8), store.create_side("g", 8)
+        store.upsert(old, [Item(i, {"image": v}) for i, v in zip(ids, vectors)], "v", "s")
+        done = rng.permutation(30)[:round(30 * share)]
+        store.upsert(new, [Item(ids[n], {"image": vectors[n]}) for n in done], "w", "t")
+        found = [store.search(c, query, "image", 20) for c in (old, new)]
+        hits = _fuse(SimpleNamespace(store=store), (old, new), [query, query], found,
+                     Query(text="x", top_k=10))
+        assert [h.id for h in hits] == expected, share
 
 
 def test_hybrid_search_needs_an_open_migration(gateway_factory) -> None:

@@ -5,10 +5,17 @@ arrives (captured once, so a swap mid-request cannot mix versions).
 spaces (NEW natively for the target side, through the route for the source side) and
 each item is scored by both, ``score = cos(query, serving side) + cos(query', other
 side)``, over the union of each side's ``HYBRID_POOL * top_k`` best (the score an item
-lacks on one side is computed from its stored vector there; an item one side does not
-hold yet gets that side's lowest pooled score). Two forwards (or one forward and a map,
-for an adapter route), two searches and a vector read per query: ``bench frontier``
-measures the gain, ``bench hybrid`` the added latency."""
+lacks on one side is computed from its stored vector there). An item one side does not
+hold yet (not re-embedded yet, without a transform) is scored there by what that side is
+expected to give it: the least-squares line from the other side's score to this side's,
+fitted on this query's candidates that both sides scored (slope 1 through the means with
+fewer than three of them or no spread; the other side's score itself with none). So an
+item ranks as if both sides held it, neither behind nor ahead of the re-embedded ones
+(the side's lowest score would put every item not yet re-embedded behind re-embedded ones
+of equal merit; the other side's score as it is would favour the side whose cosines run
+higher). Two forwards (or one forward and a map, for an adapter route), two searches
+and a vector read per query: ``bench frontier`` measures the gain, ``bench hybrid`` the
+added latency."""
 
 from __future__ import annotations
 
@@ -107,7 +114,8 @@ async def hybrid_search(gateway: Gateway, serving: Any, embedder: Embedder,
 
 def _fuse(gateway: Gateway, collections: tuple[str, str], vectors: list[np.ndarray],
           found: list[list[Hit]], query: Query) -> list[Hit]:
-    """The union of both sides' candidates, each scored on both sides, best first."""
+    """The union of both sides' candidates, each scored on both sides (a side that lacks
+    the item: ``_imputed``), best first."""
     scores: list[dict[str, float]] = [{h.id: h.score for h in side} for side in found]
     ids = list(dict.fromkeys(h.id for side in found for h in side))
     for n, (collection, vector) in enumerate(zip(collections, vectors, strict=True)):
@@ -117,9 +125,8 @@ def _fuse(gateway: Gateway, collections: tuple[str, str], vectors: list[np.ndarr
             for item, kinds in stored.items():
                 if query.kind in kinds:
                     scores[n][item] = float(kinds[query.kind] @ vector)
-    floors = [min(side.values(), default=0.0) for side in scores]
-    fused = {i: sum(side.get(i, floor) for side, floor in zip(scores, floors, strict=True))
-             for i in ids}
+    full = _imputed(scores)
+    fused = {i: full[0][i] + full[1][i] for i in ids}
     best = sorted(ids, key=lambda i: -fused[i])[:query.top_k]
     found_by = _found_by(found)
     return [Hit(i, fused[i], found_by[i].payload, found_by[i].version, found_by[i].space)
@@ -134,3 +141,30 @@ def _found_by(found: list[list[Hit]]) -> dict[str, Hit]:
         for hit in side:
             first.setdefault(hit.id, hit)
     return first
+
+
+def _imputed(scores: list[dict[str, float]]) -> list[dict[str, float]]:
+    """Both sides' scores of every candidate (item id -> score, one dict per side): where a
+    side lacks an item, the score the side is expected to give it, read off the line
+    fitted from the other side's scores to this side's over the items both scored."""
+    both = [i for i in scores[0] if i in scores[1]]
+    full = [dict(side) for side in scores]
+    for n in (0, 1):
+        present, side = scores[1 - n], scores[n]
+        missing = [i for i in present if i not in side]
+        if missing:
+            slope, intercept = _line([present[i] for i in both], [side[i] for i in both])
+            full[n].update({i: intercept + slope * present[i] for i in missing})
+    return full
+
+
+def _line(x: list[float], y: list[float]) -> tuple[float, float]:
+    """(slope, intercept) of ``y ~ x`` by least squares; with fewer than three pairs or no
+    spread in ``x``, slope 1 through the means; with no pair, ``y = x``."""
+    if not x:
+        return 1.0, 0.0
+    xs, ys = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    if len(xs) < 3 or np.ptp(xs) < 1e-9:
+        return 1.0, float(ys.mean() - xs.mean())
+    slope, intercept = np.polyfit(xs, ys, 1)
+    return float(slope), float(intercept)

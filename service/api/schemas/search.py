@@ -34,7 +34,11 @@ TOP_K_CAP = 10_000  # the largest top_k_max a server may be configured with
 SEARCH_PATH = "/v1/galleries/{gallery}/search"
 HYBRID = ("while the gallery migrates: score each item by both sides (the new model's query "
           "against the new side plus the routed query against the old side); 409 without "
-          "a migration. Two query embeddings and two searches: more latency")
+          "a migration. An item one side does not hold yet (not re-embedded yet) is scored "
+          "there by the least-squares line from the other side's score, fitted on this "
+          "query's candidates both sides hold, so it ranks neither behind nor ahead of "
+          "re-embedded items of equal merit. Two query embeddings and two searches: more "
+          "latency")
 # Not blank: checked where the query is built (usecases/search.py), stated here as well.
 Text = Annotated[str, StringConstraints(max_length=TEXT_MAX),
                  WithJsonSchema({"type": "string", "maxLength": TEXT_MAX, "pattern": r"\S"})]
@@ -89,9 +93,12 @@ class HitOut(BaseModel):
     id: str
     score: float
     payload: dict[str, Any]
-    version: str = Field(description="the version that embedded this gallery item")
+    version: str = Field(description="the version that embedded this gallery item (with "
+                                     "hybrid: on the serving side where that side found "
+                                     "it, else on the side that did)")
     space: str = Field(description="the space of its stored vector (the answer's; with "
-                                   "hybrid, the serving side's)")
+                                   "hybrid: the serving side's where that side found it, "
+                                   "else the other side's)")
 
 
 class SearchResponse(BaseModel):
