@@ -2,8 +2,9 @@
 the one to take under the operator's constraints (``training.upgrades.plan``).
 
 At submission the gateway takes the sample (K stored items: their OLD vectors and
-payloads) and records the plan's basis: the gallery's size, its active version and its
-validation set (path and content digest). A worker embeds the sample's sources with the
+payloads) and records the plan's basis: the gallery's size, how it is served (active
+version, space, migration), its validation set (path and content digest) and the
+candidate's content (``candidate_digest``). A worker embeds the sample's sources with the
 candidate (NEW), fits every adapter route and the gallery-side transform, measures each
 option on the validation set and writes the plan into the job's result. Applying an option
 (``service.usecases.plans``) starts the job that makes it happen, through the usual gate;
@@ -12,6 +13,8 @@ a plan whose basis moved (``staleness``) is applied only when forced with a reas
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -22,7 +25,7 @@ from service.jobkinds.adapter import kept_originals, sources_of
 from service.jobkinds.base import GatewayPort, JobKind, Params, RunContext, check_dataset, queue_job
 from service.jobkinds.migrate.params import SAMPLE_BOUNDS, SAMPLE_SHARE
 from service.jobkinds.model_ref import ModelRef, new_model
-from service.state.errors import InvalidInput
+from service.state.errors import InvalidInput, NotFound, RegistryError
 from service.state.gallery.sample import read_sample, take_sample, write_sample
 from service.state.gallery.store import GalleryStore
 from service.state.jobs.store import Job
@@ -62,7 +65,8 @@ class PlanParams(Params):
                              "directions' shares (default), their mean, or one direction")
     stale_share: float = Field(0.1, gt=0, le=1, description="the plan goes stale when the "
                                "gallery's size moves by more than this share (or its active "
-                               "version or validation set changes)")
+                               "version, serving space, migration, validation set or the "
+                               "candidate's content changes)")
 
     def check(self, registry: Registry, roots: Roots) -> None:
         check_dataset(roots, self.validation, "validation")
@@ -84,12 +88,44 @@ class PlanParams(Params):
 
 
 def basis_now(registry: Registry, store: GalleryStore, gallery: str,
-              validation: str | None) -> dict[str, Any]:
-    """What a plan was measured against: the gallery's size, active version, validation."""
+              validation: str | None, new: ModelRef | None = None) -> dict[str, Any]:
+    """What a plan was measured against: the gallery's size, how it is served (active
+    version, space, an open migration's job, state and target space), its validation set
+    and, given ``new``, the candidate's content (``candidate_digest``)."""
     record = registry.gallery(gallery)
     path = validation or record.validation
-    return {"items": store.count(gallery), "incumbent": record.active, "space": record.space,
-            "validation": {"path": path, "digest": validation_digest(path)}}
+    m = record.migration
+    basis = {"items": store.count(gallery), "incumbent": record.active, "space": record.space,
+             "migration": {"job": m.job, "state": m.state, "target": m.target.space}
+             if m else None,
+             "validation": {"path": path, "digest": validation_digest(path)}}
+    if new is not None:
+        basis["candidate"] = candidate_digest(registry, new)
+    return basis
+
+
+def candidate_digest(registry: Registry, new: ModelRef) -> str | None:
+    """A SHA-256 of what the candidate is made of now: a registered version's file
+    checksums (its manifest's), or the size and modification time of each file it is
+    given by (model_config, checkpoint: a checkpoint may be gigabytes, read on every view
+    of the plan); None for an open_clip name alone (its weights are fixed by the name).
+    A file or version that is gone hashes as gone."""
+    parts: list[Any] = []
+    if new.version:
+        try:
+            parts.append(["version", new.version, registry.manifest(new.version).get("files")])
+        except (NotFound, RegistryError):
+            parts.append(["version", new.version, None])
+    for path in (new.model_config_file, new.checkpoint):
+        if path:
+            try:
+                stat = os.stat(path)
+                parts.append(["file", path, stat.st_size, stat.st_mtime_ns])
+            except OSError:
+                parts.append(["file", path, None])
+    if not parts:
+        return None
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
 async def start(gateway: GatewayPort, job: Job, params: PlanParams) -> Job:
@@ -103,7 +139,7 @@ async def start(gateway: GatewayPort, job: Job, params: PlanParams) -> Job:
         raise InvalidInput(f"plan job: gallery '{job.gallery}' has no validation set: give "
                            f"params.validation (the plan measures every option on it)")
     basis = await asyncio.to_thread(basis_now, gateway.registry, gateway.store, job.gallery,
-                                    params.validation)
+                                    params.validation, params.new)
     job = await asyncio.to_thread(gateway.jobs.update, job.id,
                                   lambda j: j.merged(result={"basis": basis}))
     return await queue_job(gateway, job, params)
@@ -155,21 +191,60 @@ def run(ctx: RunContext) -> dict[str, Any]:
 
 def staleness(job: Job, now: dict[str, Any], own_versions: set[str]) -> list[str]:
     """Why the plan no longer describes the gallery, whose basis is ``now`` (``basis_now``
-    with the plan's validation set); empty: it still does. A version that one of the plan's
-    own applies promoted does not make it stale."""
+    with the plan's validation set and candidate); empty: it still does. A version that
+    one of the plan's own applies promoted, or a migration that one of them opened and
+    that still backfills, does not make it stale. A basis recorded before a field was
+    (an older plan's) is not compared on that field."""
     p = PlanParams.model_validate(job.params)
     basis = job.result.get("basis") or {}
     out = []
     if now["incumbent"] != basis.get("incumbent") and now["incumbent"] not in own_versions:
         out.append(f"the gallery's active version is now '{now['incumbent']}' (the plan "
                    f"measured against '{basis.get('incumbent')}')")
+    moved = _serving_moved(job, now, basis)
+    if moved:
+        out.append(moved)
     if now["validation"] != basis.get("validation"):
         out.append("the validation set changed since the plan measured on it")
+    if "candidate" in basis and now.get("candidate") != basis["candidate"]:
+        out.append(f"the candidate ({_candidate_named(p.new)}) changed since the plan "
+                   f"measured it")
     items = basis.get("items") or 0
     if items and abs(now["items"] - items) / items > p.stale_share:
         out.append(f"the gallery holds {now['items']} items, {items} when planned (more than "
                    f"{p.stale_share:.0%} apart)")
     return out
+
+
+def _serving_moved(job: Job, now: dict[str, Any], basis: dict[str, Any]) -> str | None:
+    """Why the gallery is served otherwise than planned: its space changed (a migration
+    switched or rolled back), or else its migration did (opened, switched and rolled
+    back, ended); None when neither did."""
+    if "space" in basis and now["space"] != basis["space"]:
+        return (f"the gallery is now served in space '{now['space']}' (the plan measured "
+                f"it in '{basis['space']}')")
+    if "migration" not in basis or now["migration"] == basis["migration"]:
+        return None
+    moved, was = now["migration"], basis["migration"]
+    own = {entry.get("job") for entry in job.result.get("applied", [])}
+    if was is None and moved["job"] in own and moved["state"] == "backfilling":
+        return None
+    if moved is None:
+        return (f"the gallery's migration (job {was['job']}) has ended ({was['state']} when "
+                f"planned)")
+    if was is None:
+        then = "none was open when planned"
+    elif was["job"] == moved["job"]:
+        then = f"{was['state']} when planned"
+    else:
+        then = f"job {was['job']} was {was['state']} when planned"
+    return f"the gallery's migration (job {moved['job']}) is {moved['state']} now ({then})"
+
+
+def _candidate_named(new: ModelRef) -> str:
+    if new.version:
+        return f"version '{new.version}'"
+    return ", ".join(path for path in (new.model_config_file, new.checkpoint) if path)
 
 
 KIND = JobKind("plan", PlanParams, run, start=start)

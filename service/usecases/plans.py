@@ -13,8 +13,10 @@ Applying starts the job that makes the option happen, through the usual gate:
   version it promotes does not make the plan stale).
 
 A plan whose basis moved (the gallery's size by more than its ``stale_share``, its active
-version, its validation set) is refused (409) unless forced with a reason; every apply is
-recorded in the plan (``result.applied``).
+version, the space it is served in, its migration, its validation set, or the candidate's
+content: a registered version's checksums, the size and time of the files it is given by)
+is refused (409) unless forced with a reason; every apply is recorded in the plan
+(``result.applied``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from service.jobkinds.plan import PlanParams, basis_now, staleness
+from service.jobkinds.plan import PlanParams, basis_now, candidate_digest, staleness
 from service.runtime.gateway import Gateway
 from service.state.errors import Conflict, InvalidInput, NotFound
 from service.state.jobs.store import Job
@@ -64,14 +66,20 @@ async def list_plans(gateway: Gateway, gallery: str) -> list[PlanView]:
 
 async def _views(gateway: Gateway, gallery: str, jobs: list[Job]) -> list[PlanView]:
     """Each plan with why it is stale; the gallery's basis now is read once per
-    validation set (its digest hashes every image of the set)."""
+    validation set (its digest hashes every image of the set), the candidate's per plan."""
     def views() -> list[PlanView]:
         now = functools.cache(lambda validation: basis_now(
             gateway.registry, gateway.store, gallery, validation))
-        return [PlanView(j, staleness(j, now(j.params.get("validation")),
+        return [PlanView(j, staleness(j, _now(gateway, j, now(j.params.get("validation"))),
                                       _own_versions(gateway, j))
                          if j.status == "succeeded" else []) for j in jobs]
     return await asyncio.to_thread(views)
+
+
+def _now(gateway: Gateway, job: Job, gallery_now: dict[str, Any]) -> dict[str, Any]:
+    """The basis of ``job`` now: the gallery's, and its candidate's content."""
+    new = PlanParams.model_validate(job.params).new
+    return {**gallery_now, "candidate": candidate_digest(gateway.registry, new)}
 
 
 def _own_versions(gateway: Gateway, job: Job) -> set[str]:

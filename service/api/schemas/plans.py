@@ -30,7 +30,9 @@ class PlanOut(BaseModel):
                                         "added latency, storage, compute), the migration's "
                                         "curve, the recommendation and why; null until done")
     basis: dict[str, Any] | None = Field(description="what it measured against: the "
-                                         "gallery's size, active version, validation set")
+                                         "gallery's size, active version, space, migration "
+                                         "(job, state, target space), validation set, and "
+                                         "the candidate's content digest")
     stale: list[str] = Field(description="why the plan no longer describes the gallery "
                                          "(empty: current); applying a stale plan needs force")
     applied: list[dict[str, Any]] = Field(description="each apply: option, job, by, when")
