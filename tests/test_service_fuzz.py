@@ -71,7 +71,12 @@ class Fuzzer:
         if depth > 4:
             return None
         for key in ("anyOf", "oneOf"):
-            if key in schema:
+            if key in schema and "properties" in schema:  # a rule over the object's fields
+                branch = rng.choice(schema[key])
+                rest = {k: v for k, v in schema.items() if k != key}
+                required = [*rest.get("required", ()), *branch.get("required", ())]
+                return self.obj({**rest, "required": required}, depth)
+            if key in schema:  # alternatives
                 return self.value(rng.choice(schema[key]), depth + 1)
         if "enum" in schema:
             return rng.choice(schema["enum"])

@@ -12,6 +12,7 @@ import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import ADMIN
@@ -168,6 +169,84 @@ def test_the_search_rules_are_in_the_schema(gateway_factory) -> None:
         assert client.post(url, json={"text": "a red circle", "top_k": 20}).status_code == 200
         r = client.post(url, data={"text": "a red circle", "top_k": "3"})  # form fields are text
         assert r.status_code == 200, r.text
+
+
+PLANS = "/v1/galleries/{gallery}/plans"
+JOBS = "/v1/jobs"
+NOT_ONE_MODEL: list[dict] = [{}, {"pretrained": "openai"}, {"version": None, "arch": None},
+                             {"arch": "", "model_config": ""},
+                             {"version": "v3", "arch": "ViT-B-32"},
+                             {"version": "v3", "model_config": "/m.json", "arch": "RN50"}]
+ONE_MODEL = "exactly one of version, arch or model_config"
+
+
+def body_validator(spec: dict, path: str) -> Any:
+    """A JSON Schema validator of POST ``path``'s JSON body as the document states it."""
+    import jsonschema_rs
+
+    schema = spec["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    return jsonschema_rs.Draft202012Validator({**schema, "components": spec["components"]})
+
+
+def test_the_new_model_rule_is_in_the_schema(gateway_factory) -> None:
+    """An upgrade's new model is exactly one of version, arch or model_config: the
+    document says so (``oneOf``), so a body the app refuses for it is one the document
+    refuses too, on the plans route and as any kind's job params."""
+    with gateway_factory() as client:
+        spec = client.get("/openapi.json").json()
+        ref = spec["components"]["schemas"]["ModelRef"]
+        assert [b["required"] for b in ref["oneOf"]] == [["version"], ["arch"], ["model_config"]]
+        plans, jobs = body_validator(spec, PLANS), body_validator(spec, JOBS)
+        for new in NOT_ONE_MODEL:
+            bodies = ((plans, PLANS.format(gallery="shapes"), {"new": new}),
+                      *((jobs, JOBS, {"kind": kind, "gallery": "shapes", "params": {"new": new}})
+                        for kind in ("plan", "adapter", "xbt")))
+            for validator, url, body in bodies:
+                assert not validator.is_valid(body), body
+                r = client.post(url, headers=ADMIN, json=body)
+                assert r.status_code == 422 and ONE_MODEL in r.text, (body, r.text)
+        for new in ({"version": "v3"}, {"version": "v3", "arch": ""},
+                    {"arch": "ViT-B-32", "pretrained": "openai", "model_config": None}):
+            assert plans.is_valid({"new": new}), new
+            assert jobs.is_valid({"kind": "plan", "gallery": "shapes", "params": {"new": new}})
+
+
+def test_schemathesis_finds_no_valid_body_refused_for_a_rule_the_schema_states(
+        gateway_factory) -> None:
+    """Bodies schemathesis generates as valid (POSITIVE) for the operations with a
+    one-of rule, on the gallery that exists: none is refused for that rule (the app may
+    refuse them for what the document cannot know: a version that is not registered, a
+    path outside the allowed roots, an image that does not decode)."""
+    refused: list[str] = []
+    with gateway_factory(max_image_pixels=64 * 64) as client:
+        schema = load(client.get("/openapi.json").json())
+        for path in (SEARCH, PLANS, JOBS):
+            refused += refused_for_a_stated_rule(client, schema[path]["POST"])
+    assert refused == []
+
+
+def refused_for_a_stated_rule(client: TestClient, operation) -> list[str]:
+    """40 valid bodies of ``operation`` (a fixed draw), to gallery 'shapes': the answers
+    that refuse one for a rule the document states."""
+    import schemathesis
+    from hypothesis import HealthCheck, given, settings
+
+    stated = (ONE_MODEL, "exactly one of a text or an image query")
+    refused: list[str] = []
+    strategy = operation.as_strategy(generation_mode=schemathesis.GenerationMode.POSITIVE)
+
+    @settings(max_examples=40, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(case=strategy)
+    def run(case) -> None:
+        if case.path_parameters:
+            case.path_parameters = {"gallery": "shapes"}
+        response = send(client, case, keyed=True)
+        if any(rule in response.text for rule in stated):
+            refused.append(f"{operation.label}: {response.text[:200]}")
+
+    run()
+    return refused
 
 
 @pytest.mark.slow

@@ -5,15 +5,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from service.jobkinds.base import Params, check_version
 from service.state.paths import Roots
 from service.state.registry import Registry
 
+SOURCES = ("version", "arch", "model_config")  # as the request names them
+# "Exactly one of version, arch or model_config": a rule over three fields, stated in the
+# schema as well as checked by ``_one_source``. Null or "" counts as absent (the check
+# reads them so), hence a non-empty string in each branch.
+ONE_SOURCE: dict[str, Any] = {"oneOf": [
+    {"properties": {name: {"type": "string", "minLength": 1}}, "required": [name]}
+    for name in SOURCES]}
+
 
 class ModelRef(Params):
     """The new model of an upgrade: a registered version, or an open_clip model spec."""
+
+    model_config = ConfigDict(json_schema_extra=ONE_SOURCE)
 
     version: str | None = None
     arch: str | None = None

@@ -70,3 +70,12 @@ async def cancel(gallery: str, gateway: GatewayDep, _: AdminDep) -> None:
     without switching is undone at once): the new side is dropped, the gallery serves as
     before. 409 after the switch (roll back, then retire instead)."""
     await migration.cancel(gateway, gallery)
+
+
+@router.post("/resume", response_model=MigrationOut)
+async def resume(gallery: str, gateway: GatewayDep, _: AdminDep) -> MigrationOut:
+    """Go on with a backfill that stopped after a switch (cancelled, or a shard failed):
+    the items that still hold transformed vectors (or none) are re-embedded. 409 in any
+    other phase (the message lists what is allowed)."""
+    await migration.resume(gateway, gallery)
+    return MigrationOut.of(await migration.view(gateway, gallery))

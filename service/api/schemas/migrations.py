@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 from service.api.schemas import FORCE_NEEDS_REASON, needs_reason
 from service.api.schemas.galleries import ItemId
 from service.jobkinds.migrate.control import MigrationView
+from service.jobkinds.migrate.lifecycle import OPERATOR, PHASES, allowed, phase_of
 from service.jobkinds.migrate.params import MigrateParams
 
 
@@ -47,7 +48,17 @@ class SideOut(BaseModel):
 
 class MigrationOut(BaseModel):
     gallery: str
-    state: str = Field(description="backfilling | switched | rolled_back")
+    state: str = Field(description="backfilling | switched | rolled_back (which side serves)")
+    phase: str = Field(description=(
+        "the migration's life (service/jobkinds/migrate/lifecycle.py): backfilling | serving "
+        "(switched progressively, the backfill still runs) | stopped (cancelled or failed "
+        "after a switch: resumable) | awaiting (the backfill ended without a switch: the "
+        "operator decides) | switched | rolled_back | undoing"))
+    phase_note: str = Field(description="what the phase means, in words")
+    options: list[str] = Field(description="the operator's actions allowed now (switch, "
+                                           "rollback, retire, cancel, resume)")
+    job_error: str | None = Field(None, description="why the job failed or stopped (a failed "
+                                                    "gate names the operator's options)")
     serving_space: str = Field(description="the space the gallery answers in now")
     version: str = Field(description="the version whose native space is the target")
     source: SideOut
@@ -72,7 +83,11 @@ class MigrationOut(BaseModel):
     @classmethod
     def of(cls, found: MigrationView) -> MigrationOut:
         m, job = found.migration, found.job
-        return cls(gallery=found.gallery.name, state=m.state, serving_space=found.gallery.space,
+        phase = phase_of(m, job)
+        return cls(gallery=found.gallery.name, state=m.state, phase=phase,
+                   phase_note=PHASES[phase], options=[
+                       a for a in OPERATOR if allowed(phase, a, job)],
+                   job_error=job.error if job else None, serving_space=found.gallery.space,
                    version=m.version, source=SideOut(**m.source.__dict__),
                    target=SideOut(**m.target.__dict__), job=m.job,
                    job_status=job.status if job else None, started_at=m.started_at,

@@ -45,6 +45,7 @@ import numpy as np
 
 from service.jobkinds.base import GatewayPort
 from service.jobkinds.ingest import KIND as INGEST
+from service.jobkinds.migrate.lifecycle import phase_of, require
 from service.jobkinds.migrate.params import MigrateParams
 from service.jobkinds.migrate.transform import read_order, write_snapshot
 from service.state.errors import Conflict, GateFailed, InvalidInput, NotFound, Unavailable, shown
@@ -62,6 +63,7 @@ log = logging.getLogger(__name__)
 LISTING = "listing.json"  # a transformed migration's listed items, planned after the transform
 CATCH_UP_ROUNDS = 3  # backfills of items the listing missed, before the switch gives up
 SHOWN_IDS = 20  # item ids an error message names (the job record has all)
+CHECK_EVERY = 0.05  # after a progressive switch, the side is checked again at every 5%
 
 
 @dataclass(frozen=True)
@@ -228,48 +230,43 @@ def _write_shards(gateway: GatewayPort, job: Job, shards: list[list[dict[str, An
 
 # ------------------------------------------------------------------ driving
 async def tick(gateway: GatewayPort) -> list[tuple[str, int]]:
-    """The applier's step for migrations (after it applied every spool): drive each
-    migration whose backfill is not over (backfilling, or switched progressively while
-    its job runs), settle the others; the shards to queue."""
+    """The applier's step for migrations (after it applied every spool): each migration
+    whose backfill runs moves one step (``drive``); one whose job failed or was cancelled
+    before any switch is undone; the shards to queue."""
     queue: list[tuple[str, int]] = []
     for record in await asyncio.to_thread(gateway.registry.galleries):
         m = record.migration
         if m is None:
             continue
-        if m.state == "backfilling" or await asyncio.to_thread(_backfill_goes_on, gateway, m):
-            queue += await drive(gateway, record)
-        else:
-            await settle(gateway, record)
+        job = await asyncio.to_thread(_job_or_none, gateway, m.job)
+        phase = phase_of(m, job)
+        if phase == "undoing":
+            await abort(gateway, record.name, m.job)
+        elif job is not None and not job.finished:
+            queue += await drive(gateway, record, job, phase)
     return queue
 
 
-def _backfill_goes_on(gateway: GatewayPort, m: Migration) -> bool:
-    """A progressive switch happened and the job still runs its backfill."""
+def _job_or_none(gateway: GatewayPort, job_id: str) -> Job | None:
     try:
-        job = gateway.jobs.get(m.job)
+        return gateway.jobs.get(job_id)
     except NotFound:
-        return False
-    return not job.finished and job.result.get("switched_at_fraction") is not None
+        return None
 
 
-async def drive(gateway: GatewayPort, record: GalleryRecord) -> list[tuple[str, int]]:
-    """One step of a migration's backfill (the applier calls it after applying the job's
-    spool); the shards to queue. Aborts it when its job failed or was cancelled (after a
-    progressive switch: the backfill stops, the sides stay); plans the backfill once a
-    transform is written; switches progressively when the side has reached the point where
-    it beats the route; at the end, catches up, gates and (if not switched yet and
-    auto_switch is on) switches."""
-    m = record.migration
-    assert m is not None
-    job = await asyncio.to_thread(gateway.jobs.get, m.job)
-    if job.status in ("failed", "cancelled") or job.cancel_requested:
-        if m.state == "backfilling":
+async def drive(gateway: GatewayPort, record: GalleryRecord, job: Job,
+                phase: str) -> list[tuple[str, int]]:
+    """One step of a running backfill (``phase``: backfilling, serving, or rolled_back
+    with its job still running); the shards to queue. A cancel undoes a migration that
+    never switched and stops one that did; the backfill is planned once a transform is
+    written; a progressive migration switches when the side beats the route beyond the
+    error, and after its switch is checked again (switched back if it falls below the
+    route beyond the error); at the end: catch up, gate, ``_finish``."""
+    if job.cancel_requested:
+        if phase == "backfilling":
             await abort(gateway, record.name, job.id)
-        elif not job.finished:
-            await asyncio.to_thread(
-                gateway.jobs.finish, job.id, "cancelled",
-                error=f"cancelled after the progressive switch: the backfill stopped; gallery "
-                      f"'{record.name}' keeps its sides as they are (roll back, or retire)")
+        else:
+            await _stop(gateway, record, job)
         return []
     if "planned_shards" not in job.result:
         return []  # its submission is still listing the items and planning the shards
@@ -277,20 +274,21 @@ async def drive(gateway: GatewayPort, record: GalleryRecord) -> list[tuple[str, 
     work = gateway.jobs.work_dir(job.id)
     if params.transform and not job.result.get("backfill_planned"):
         transform = [s for s in job.shards if s.get("task") == "transform"]
-        if job.finished or not transform or transform[-1]["state"] != "done" or pending(work):
+        if not transform or transform[-1]["state"] != "done" or pending(work):
             return []  # the transform runs, or its spool is still being written
         added = await asyncio.to_thread(_plan_after_transform, gateway, job)
         return [(job.id, n) for n in added]
-    if (params.switch == "progressive" and m.state == "backfilling"
-            and job.result.get("switched_at_fraction") is None and not pending(work)):
-        await _maybe_switch_progressively(gateway, record, job)
+    if params.switch == "progressive":
+        if phase == "backfilling" and job.result.get("switched_back_at_fraction") is None:
+            await _maybe_switch_progressively(gateway, record, job)
+        elif phase == "serving":
+            await _check_after_switch(gateway, record, job)
         record = await asyncio.to_thread(gateway.registry.gallery, record.name)
-        m = record.migration
-        assert m is not None
-    if job.finished or any(s["state"] != "done" for s in job.shards):
-        return []  # still running, or complete and waiting for the operator's switch
-    if pending(work):
-        return []  # applied at the next tick first
+        job = await asyncio.to_thread(gateway.jobs.get, job.id)
+    if any(s["state"] not in ("done", "cancelled") for s in job.shards) or pending(work):
+        return []  # still running, or applied at the next tick first
+    m = record.migration
+    assert m is not None
     missing = await asyncio.to_thread(_locked_reconcile, gateway, record.name, m, job)
     listed_all = int(job.result.get("unreadable_count", 0)) <= len(
         job.result.get("unreadable", []))  # else some missing ones are unreadable: final
@@ -302,13 +300,29 @@ async def drive(gateway: GatewayPort, record: GalleryRecord) -> list[tuple[str, 
     if not any(s.get("task") == "gate" for s in job.shards):
         added = await asyncio.to_thread(_write_shards, gateway, job, [[]], "gate")
         return [(job.id, n) for n in added]
+    await _finish(gateway, record, job, params, missing)
+    return []
+
+
+async def _finish(gateway: GatewayPort, record: GalleryRecord, job: Job,
+                  params: MigrateParams, missing: list[dict[str, Any]]) -> None:
+    """The backfill and its gate are done: end the job by the migration's phase.
+    backfilling: switch if auto_switch is on and the gate passed (else the operator
+    decides: the job succeeds with why it did not switch). serving (switched
+    progressively): a passed gate ends it switched; a failed one switches back to the
+    route and fails the job, naming the operator's options. rolled_back: ends as is."""
+    assert record.migration is not None
+    phase = phase_of(record.migration, job)
+    gate = job.gate or {}
     outcome: dict[str, Any] = {"missing": [i["id"] for i in missing][:1000],
-                               "missing_count": len(missing),
-                               "switched": m.state == "switched"}
-    if m.state != "backfilling":  # switched progressively (and maybe rolled back since)
-        outcome["switch_refused"] = None if m.state == "switched" else (
-            "rolled back by the operator after the progressive switch")
-    elif params.auto_switch:
+                               "missing_count": len(missing), "switched": phase == "serving",
+                               "gate_failed": gate.get("passed") is not True}
+    if phase == "serving" and gate.get("passed") is not True:
+        await _gate_failed_after_switch(gateway, record, job, outcome, gate)
+        return
+    if phase == "rolled_back":
+        outcome["switch_refused"] = "rolled back by the operator after the progressive switch"
+    elif phase == "backfilling" and params.auto_switch:
         try:  # the switch comes first, so a finished job says whether it switched
             await switch(gateway, record.name, by=f"job:{job.id}", backfilled=True,
                          reason="auto_switch: every item has its new vector and the gate passed")
@@ -317,31 +331,81 @@ async def drive(gateway: GatewayPort, record: GalleryRecord) -> list[tuple[str, 
         except Conflict as exc:  # the gate failed or items are missing: the operator decides
             log.warning("migration of %s not switched: %s", record.name, exc.message)
             outcome["switch_refused"] = exc.message
-    else:
+    elif phase == "backfilling":
         outcome["switch_refused"] = "auto_switch is off: switch with POST .../migration/switch"
-    await asyncio.to_thread(gateway.jobs.finish, job.id, "succeeded",
-                            result=outcome)
-    return []
+    await asyncio.to_thread(gateway.jobs.finish, job.id, "succeeded", result=outcome)
+
+
+async def _gate_failed_after_switch(gateway: GatewayPort, record: GalleryRecord, job: Job,
+                                    outcome: dict[str, Any], gate: dict[str, Any]) -> None:
+    """A progressively switched gallery whose end-of-backfill gate failed: the route serves
+    again (the gate says the new side is worse than it), the job fails and says what the
+    operator can do."""
+    summary = _gate_summary(gate)
+    await switch_back(gateway, record.name, by=f"job:{job.id}",
+                      reason=f"the end-of-backfill gate failed ({summary}): the route serves "
+                             f"again")
+    options = ("switch with force=true and a reason to serve the new side anyway, or cancel "
+               "the migration to drop it")
+    outcome.update({"switched": False, "switched_back": "gate", "switch_refused":
+                    f"the migration gate did not pass ({summary})", "options": options})
+    await asyncio.to_thread(
+        gateway.jobs.finish, job.id, "failed", result=outcome,
+        error=f"the end-of-backfill gate failed after the progressive switch ({summary}); "
+              f"gallery '{record.name}' was switched back to the route: {options}")
+
+
+async def _stop(gateway: GatewayPort, record: GalleryRecord, job: Job) -> None:
+    """Cancel after a switch: the backfill stops where it is (each shard keeps its cursor)
+    and the sides stay; ``resume`` goes on from there."""
+    transformed = await asyncio.to_thread(gateway.store.count_made, _target(record),
+                                          "transform")
+    await asyncio.to_thread(
+        gateway.jobs.finish, job.id, "cancelled", result={"stopped": True},
+        error=f"cancelled after the switch: the backfill stopped with {transformed} item(s) "
+              f"still holding transformed vectors; gallery '{record.name}' keeps its sides "
+              f"(resume the migration, or roll back)")
+
+
+def _target(record: GalleryRecord) -> str:
+    assert record.migration is not None
+    return record.migration.target.collection
 
 
 def reembedded_fraction(job: Job) -> float:
-    """The share of the listed items whose re-embedded vector the gateway has written."""
+    """The share of the listed items whose re-embedded vector the gateway has written (a
+    count of writes: an item written twice, by a restarted shard, counts twice, so this is
+    an upper bound; ``_reembedded`` counts the side itself)."""
     listed = int(job.result.get("listed", 0))
     return min(1.0, int(job.result.get("applied", 0)) / listed) if listed else 0.0
 
 
+def _reembedded(gateway: GatewayPort, record: GalleryRecord, job: Job) -> float:
+    """The share of the listed items the target side holds re-embedded (each item once)."""
+    listed = int(job.result.get("listed", 0))
+    if not listed:
+        return 0.0
+    done = gateway.store.count(_target(record)) - gateway.store.count_made(_target(record),
+                                                                          "transform")
+    return min(1.0, done / listed)
+
+
 async def _maybe_switch_progressively(gateway: GatewayPort, record: GalleryRecord,
                                       job: Job) -> None:
-    """Switch when the fraction re-embedded has reached ``switch_at`` (the validation
-    curve's point from which the side beats the route) and every listed item has a vector
+    """Switch when the share of items re-embedded (counted on the target side, each item
+    once) has reached ``switch_at`` (the validation curve's point from which the side
+    beats the route beyond the error, there and later) and every listed item has a vector
     on the target side (transformed or re-embedded)."""
     at = job.result.get("switch_at")
-    fraction = reembedded_fraction(job)
-    if at is None or fraction + 1e-9 < float(at):
+    if at is None or reembedded_fraction(job) + 1e-9 < float(at):
+        return  # the write count is an upper bound: only then count the side
+    fraction = await asyncio.to_thread(_reembedded, gateway, record, job)
+    if fraction + 1e-9 < float(at):
         return
+    served = ", ".join(job.result.get("curve_directions") or ("t2i", "i2t"))
     reason = (f"progressive: {fraction:.1%} of the items re-embedded, the rest transformed; "
-              f"on the validation set the side beats the route in both directions from "
-              f"{float(at):.0%} of the backfill")
+              f"on the validation set with the gallery's distractors the side beats the "
+              f"route beyond the error ({served}) from {float(at):.0%} of the backfill")
     try:
         await switch(gateway, record.name, by=f"job:{job.id}", reason=reason, progressive=True)
     except Conflict as exc:
@@ -353,17 +417,41 @@ async def _maybe_switch_progressively(gateway: GatewayPort, record: GalleryRecor
     log.info("migration of %s switched progressively at %.1f%%", record.name, 100 * fraction)
 
 
-async def settle(gateway: GatewayPort, record: GalleryRecord) -> None:
-    """A switched migration whose job is still open (the gateway stopped between the switch
-    and the job's end) ends its job."""
+async def _check_after_switch(gateway: GatewayPort, record: GalleryRecord, job: Job) -> None:
+    """After a progressive switch, at each point of the curve the backfill passes: the
+    side measured again with the gallery's own vectors as they stand
+    (``transform.live_check``); below the route beyond the error -> switch back."""
+    from service.jobkinds.migrate.transform import live_check
+
+    fraction = await asyncio.to_thread(_reembedded, gateway, record, job)
+    checked = job.result.get("checks") or []
+    last = checked[-1]["fraction"] if checked else job.result.get("switched_at_fraction", 0)
+    if fraction < float(last or 0) + CHECK_EVERY - 1e-9:
+        return
+    check = await asyncio.to_thread(live_check, gateway, record, job, fraction)
+    if check is None:
+        return
+    await asyncio.to_thread(gateway.jobs.update, job.id, lambda j: j.merged(result={
+        "checks": [*(j.result.get("checks") or []), check]}))
+    if check["below"]:
+        reason = (f"switched back at {fraction:.1%} of the backfill: the side fell below "
+                  f"the route beyond the error ({check['why']})")
+        await switch_back(gateway, record.name, by=f"job:{job.id}", reason=reason)
+        await asyncio.to_thread(gateway.jobs.update, job.id, lambda j: j.merged(result={
+            "switched_back_at_fraction": round(fraction, 4), "switched_back": reason}))
+
+
+async def switch_back(gateway: GatewayPort, gallery: str, *, by: str, reason: str) -> None:
+    """The applier's transition serving -> backfilling: the source side serves again."""
+    def locked() -> GalleryRecord:
+        with gallery_lock(gateway.settings, gallery):
+            return gateway.registry.switch_back_migration(gallery, by=by, reason=reason)
+    record = await asyncio.to_thread(locked)
     assert record.migration is not None
-    try:
-        job = await asyncio.to_thread(gateway.jobs.get, record.migration.job)
-    except NotFound:
-        return  # its record is gone: nothing to end
-    if not job.finished:
-        await asyncio.to_thread(gateway.jobs.finish, job.id, "succeeded",
-                                result={"switched": True})
+    await asyncio.to_thread(gateway.store.point_alias, gallery, record.migration.source.collection)
+    await gateway.runtime.refresh()
+    log.warning("migration of %s: %s", gallery, reason)
+
 
 
 def _rounds(job: Job) -> int:
@@ -431,12 +519,13 @@ def _locked_end(gateway: GatewayPort, gallery: str, abort: bool) -> Side | None:
 async def switch(gateway: GatewayPort, gallery: str, *, by: str, drop: list[str] | None = None,
                  force: bool = False, reason: str | None = None,
                  backfilled: bool = False, progressive: bool = False) -> GalleryRecord:
-    """Switch the gallery to the target side. Conflict while the backfill runs, while any
-    item has no new vector (unless ``drop`` lists every such item: they are deleted from
-    both sides), or when the gate did not pass (unless ``force`` with a reason); a
-    transformed vector counts as a new vector. ``backfilled``: the applier's auto switch,
-    before it ends the job. ``progressive``: the applier's switch while the backfill goes
-    on (the validation curve decided it; only the missing-vector check applies)."""
+    """Switch the gallery to the target side. The operator's switch (phase ``awaiting``):
+    Conflict while any item has no new vector (unless ``drop`` lists every such item:
+    they are deleted from both sides), or when the gate did not pass (unless ``force``
+    with a reason); a transformed vector counts as a new vector. ``backfilled``: the
+    applier's auto switch at the end of the backfill. ``progressive``: the applier's
+    switch while the backfill goes on (the validation curve decided it; only the
+    missing-vector check applies)."""
     record = await asyncio.to_thread(_locked_switch, gateway, gallery, by, drop or [], force,
                                      reason, backfilled or progressive, progressive)
     assert record.migration is not None
@@ -452,15 +541,18 @@ def _locked_switch(gateway: GatewayPort, gallery: str, by: str, drop: list[str],
     m = require_migration(record, "backfilling", "switch")
     job = gateway.jobs.get(m.job)
     if progressive:
+        require(gallery, m, job, "progressive")
         with gallery_lock(gateway.settings, gallery):
             missing = _reconcile(gateway, m, job, skip_unreadable=False)
             if missing:
                 raise Conflict(f"{len(missing)} item(s) have no vector on the target side yet")
             return gateway.registry.switch_migration(gallery, by=by, reason=reason)
-    if job.status != "succeeded" and not backfilled:
+    if not backfilled and job.status not in ("succeeded", "failed"):
         view = progress(job)
         raise Conflict(f"the backfill of gallery '{gallery}' is {job.status} ({view['done']}/"
-                       f"{view['total']} items); switch when its job {job.id} has succeeded")
+                       f"{view['total']} items); switch when its job {job.id} has ended")
+    if not backfilled:
+        require(gallery, m, job, "switch")
     if force and not (reason or "").strip():
         raise InvalidInput("a forced switch needs a reason (it is recorded)")
     gate = job.gate or {}
@@ -498,14 +590,22 @@ async def rollback(gateway: GatewayPort, gallery: str, *, by: str,
 
 async def retire(gateway: GatewayPort, gallery: str) -> tuple[GalleryRecord, Side]:
     """End a switched (or rolled back) migration: the side that does not serve is dropped.
-    Conflict while its backfill still runs (after a progressive switch: the backfill
-    checks each item against the source side)."""
+    Conflict while its backfill still runs (it checks each item against the source side),
+    and, when the target side serves, while items still hold transformed vectors (the
+    source side is the only way to re-embed them: resume the migration first)."""
     record = await asyncio.to_thread(gateway.registry.gallery, gallery)
-    if record.migration is not None and await asyncio.to_thread(
-            _backfill_goes_on, gateway, record.migration):
-        raise Conflict(f"the backfill of gallery '{gallery}' still runs after its progressive "
-                       f"switch (job {record.migration.job}); retire when the job has "
-                       f"finished, or cancel the job first")
+    m = record.migration
+    job = await asyncio.to_thread(_job_or_none, gateway, m.job) if m else None
+    phase = require(gallery, m, job, "retire")
+    if m is not None and phase in ("switched", "stopped"):
+        left = await asyncio.to_thread(gateway.store.count_made, m.target.collection,
+                                       "transform")
+        if left:
+            raise Conflict(f"{left} item(s) of gallery '{gallery}' still hold transformed "
+                           f"vectors on the serving side; retiring would drop the only side "
+                           f"they can be re-embedded from: resume the migration (POST "
+                           f".../migration/resume) and retire when its backfill has ended, "
+                           f"or delete those items")
     dropped = await asyncio.to_thread(_locked_end, gateway, gallery, False)
     assert dropped is not None
     await gateway.runtime.refresh()
@@ -514,16 +614,42 @@ async def retire(gateway: GatewayPort, gallery: str) -> tuple[GalleryRecord, Sid
 
 
 async def cancel(gateway: GatewayPort, gallery: str) -> None:
-    """Abandon a backfilling migration: a running job is asked to stop (the applier then
-    undoes the migration); one whose backfill finished without a switch (its gate failed,
-    or items are unreadable) is undone now."""
+    """Cancel a migration's backfill. Before any switch the migration is undone: a running
+    job is asked to stop (the applier then undoes it); one whose backfill ended without a
+    switch (its gate failed, or items are unreadable) is undone now. After a progressive
+    switch (or a rollback while the backfill runs) the backfill stops where it is; the
+    migration can be resumed."""
     record = await asyncio.to_thread(gateway.registry.gallery, gallery)
-    m = require_migration(record, "backfilling", "cancel")
-    job = await asyncio.to_thread(gateway.jobs.get, m.job)
-    if job.finished:
-        await abort(gateway, gallery, job.id)
+    m = record.migration
+    job = await asyncio.to_thread(_job_or_none, gateway, m.job) if m else None
+    phase = require(gallery, m, job, "cancel")
+    assert m is not None
+    if job is None or job.finished:
+        await abort(gateway, gallery, m.job)
     else:
         await asyncio.to_thread(gateway.jobs.cancel, job.id)
+    log.info("migration of %s: cancel in phase %s", gallery, phase)
+
+
+async def resume(gateway: GatewayPort, gallery: str) -> Job:
+    """A backfill stopped after a switch (cancelled, or a shard failed) goes on: its job
+    runs again and every shard that had not finished is queued again, from its cursor."""
+    record = await asyncio.to_thread(gateway.registry.gallery, gallery)
+    m = record.migration
+    job = await asyncio.to_thread(_job_or_none, gateway, m.job) if m else None
+    require(gallery, m, job, "resume")
+    assert job is not None and m is not None
+    job = await asyncio.to_thread(gateway.jobs.reopen, job.id)
+    left = await asyncio.to_thread(_locked_reconcile, gateway, gallery, m, job)
+    params = MigrateParams.model_validate(job.params)
+    added = await asyncio.to_thread(_write_shards, gateway, job, _plan(left, params.shards))
+    await asyncio.to_thread(gateway.jobs.update, job.id, lambda j: j.merged(result={
+        "planned_shards": len(j.shards), "resumed_items": len(left)}))
+    for n in added:
+        await asyncio.to_thread(gateway.queue.send_shard, job.id, n)
+    log.info("migration of %s resumed: %d item(s) left to re-embed", gallery, len(left))
+    return await asyncio.to_thread(gateway.jobs.get, job.id)
+
 
 
 async def view(gateway: GatewayPort, gallery: str) -> MigrationView:

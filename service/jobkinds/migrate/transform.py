@@ -23,6 +23,7 @@ import json
 import os
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,14 @@ TRANSFORM_DIR = "transform"
 CHUNK = 2048  # items per spooled transform batch
 GRID = tuple(round(0.05 * k, 2) for k in range(21))  # fractions the validation curve has
 EXTRA = (0.01,)
+VALIDATION = "validation.npz"  # the curve's inputs, for the checks after a switch
+DISTRACTORS = 5000  # gallery items per kind the curve adds (at most the sample's size)
+LIVE_DISTRACTORS = 2000  # gallery items a check after the switch reads from both sides
+BOOT = 200
+SWITCH_RULE = ("switch at the first fraction from which the side beats the route beyond the "
+               "paired error (one-sided bootstrap test at 5%, items resampled) in every "
+               "direction the gallery serves, there and at every later fraction, on the "
+               "validation set among distractors drawn from the gallery")
 
 
 # ------------------------------------------------------------------ snapshot (gateway)
@@ -178,7 +187,8 @@ def run_transform(ctx: RunContext) -> dict[str, Any]:
     order = order_items(p.order, [rest[n] for n in keep], scores[keep], seed=p.seed)
     write_order(work, p.order, [rest[keep[n]] for n in order])
     ctx.heartbeat.advance(len(sample), {"stage": "transform: validation curve"})
-    curve = validation_curve(ctx, record, fitted, p)
+    distractors = gallery_distractors(fitted, ids, old, collect.vectors, DISTRACTORS, p.seed)
+    curve = validation_curve(ctx, record, fitted, p, distractors)
     return {"result": {"transform": {
         "method": cfg.method, "ensemble": cfg.ensemble, "sample": len(sample),
         "sample_embedded": len(collect.vectors), "transformed_items": transformed,
@@ -216,22 +226,145 @@ def _map_all(fitted: Any, ids: list[str], old: dict[str, tuple[np.ndarray, np.nd
 
 # ------------------------------------------------------------------ validation curve
 def validation_curve(ctx: RunContext, record: Any, fitted: Any, p: MigrateParams,
-                     ) -> dict[str, Any]:
-    """The migration simulated on the validation set, the way the gallery's items go: each
-    item's OLD vectors (by the version that embedded the gallery) transformed, then
-    re-embedded by NEW in the backfill's order, at each fraction; against the route
-    (NEW's query into the source space, what serves now) and OLD->OLD. Where it would
-    switch progressively: the first fraction from which the side beats the route in
-    both directions (and keeps to the negative-flip bound, when one is set)."""
-    from training.upgrades.transform.order import order_items
-    from training.upgrades.transform.simulate import Items, Queries, curve, share, switch_fraction
-    from training.versions import load_encoder
+                     distractors: Distractors) -> dict[str, Any]:
+    """The migration simulated on the validation set plus distractors from the gallery
+    itself, the way the gallery's items go: each validation item's OLD vectors (by the
+    version that embedded the gallery) transformed, then re-embedded by NEW in the
+    backfill's order, at each fraction, among ``distractors`` (gallery items in the same
+    states: ``Distractors``); against the route that serves now (NEW's query into the
+    source space, over the validation items' and the distractors' OLD vectors) and
+    OLD->OLD. Only the directions the gallery serves are scored (t2i: it holds images;
+    i2t: it holds captions). The switch point: the first fraction from which the side
+    beats the route beyond the paired error (one-sided test at 5%, items resampled) in
+    every served direction, there and at every later fraction (``switch_fraction``).
+    The inputs are kept in the job's work directory for ``live_check``."""
+    from training.upgrades.transform.simulate import curve, share, switch_fraction
 
-    m = record.migration
     validation = p.validation or record.validation
     if validation is None:
         return {"curve": None, "switch_at": None, "curve_note": f"gallery '{record.name}' "
                 "has no validation set: no curve, no progressive switch"}
+    served = distractors.directions()
+    sim = _simulation(ctx, record, fitted, p, validation, distractors)
+    grid = sorted({*GRID, *EXTRA})
+    hits = curve(sim.items, sim.queries, {p.order: sim.order}, grid, hybrid=False)
+    units = {d: sim.units[d] for d in served}
+    bound = ctx.settings.gate_max_negative_flip
+    points = [{"fraction": f, **{d: {
+        "side": round(float(hits[f"side {p.order} {f:g}"][d].mean()), 4),
+        "share": _rounded(share(hits, f"side {p.order} {f:g}", d, boot=BOOT,
+                                units=units[d]))} for d in served}} for f in grid]
+    routed = {d: {"R@1": round(float(hits["routed"][d].mean()), 4),
+                  "share": _rounded(share(hits, "routed", d, boot=BOOT, units=units[d]))}
+              for d in served}
+    sim.save(ctx.store.work_dir(ctx.job.id) / VALIDATION, p.order, served)
+    return {"curve": points, "routed": routed, "curve_directions": served,
+            "switch_at": switch_fraction(hits, p.order, grid, bound, directions=served,
+                                         units=units),
+            "curve_validation": {"path": validation, "items": sim.n_items,
+                                 "distractors": distractors.size(),
+                                 "queries": {d: len(sim.units[d]) for d in served},
+                                 "max_negative_flip": bound, "directions": served,
+                                 "rule": SWITCH_RULE}}
+
+
+@dataclass
+class Distractors:
+    """Gallery items standing in for the rest of the gallery in the validation curve, per
+    kind: row ``j`` is re-embedded (``new``: NEW's vector of a sampled item, which NEW
+    embedded) or transformed (``transformed``: the map applied to the stored OLD vector
+    of an item outside the sample, so its error is the one the gallery's items carry),
+    and ``old`` (that item's stored vector: what the route searches). Each row is a
+    random item of the gallery in one state or the other; ``order`` re-embeds them at
+    the backfill's pace."""
+
+    old: dict[str, np.ndarray]
+    new: dict[str, np.ndarray]
+    transformed: dict[str, np.ndarray]
+    scores: dict[str, np.ndarray]  # predicted error of each transformed row (learned order)
+
+    def size(self) -> dict[str, int]:
+        return {k: len(v) for k, v in self.old.items()}
+
+    def directions(self) -> list[str]:
+        """The directions the gallery serves: t2i when it holds images, i2t captions."""
+        return [d for d, (_, ik) in (("t2i", ("text", "image")), ("i2t", ("image", "text")))
+                if self.size().get(ik, 0) > 0]
+
+
+def gallery_distractors(fitted: Any, ids: list[str],
+                        old: dict[str, tuple[np.ndarray, np.ndarray]],
+                        sampled: dict[str, dict[str, list[float]]], limit: int,
+                        seed: int) -> Distractors:
+    """Per kind, up to ``limit`` pairs (a sampled item's NEW vector, another item's
+    stored vector and its transform), drawn with ``seed``."""
+    rng = np.random.default_rng(seed)
+    out = Distractors({}, {}, {}, {})
+    for kind in KINDS:
+        rows, vectors = old[kind]
+        if not len(rows) or kind not in fitted.kinds:
+            continue  # the gallery holds no vector of this kind (or none was paired)
+        new = [np.asarray(v[kind], np.float32) for v in sampled.values() if kind in v]
+        rest = [n for n, r in enumerate(rows.tolist()) if ids[r] not in sampled]
+        size = min(limit, len(new), len(rest))
+        picked_new = rng.permutation(len(new))[:size]
+        picked_old = vectors[np.asarray(rest, np.int64)[rng.permutation(len(rest))[:size]]]
+        out.old[kind] = picked_old.astype(np.float32)
+        out.new[kind] = (np.stack([new[n] for n in picked_new]) if size else
+                         np.zeros((0, fitted.apply(kind, vectors[:1]).shape[1]), np.float32))
+        out.transformed[kind] = fitted.apply(kind, picked_old)
+        out.scores[kind] = fitted.predicted_error(kind, picked_old, out.transformed[kind])
+    return out
+
+
+@dataclass
+class Simulation:
+    """What the validation curve scores, kept so the live check scores the same queries:
+    items (validation rows, then distractor rows, per kind), the order over them, the
+    queries and relevance (distractors never relevant), units per direction."""
+
+    items: Any  # simulate.Items
+    queries: Any  # simulate.Queries
+    order: dict[str, list[int]]  # per kind, over the joined rows
+    units: dict[str, np.ndarray]
+    n_items: int  # validation items (the first rows of every kind)
+
+    def save(self, path: Path, order: str, served: list[str]) -> None:
+        arrays: dict[str, np.ndarray] = {"meta": np.frombuffer(json.dumps({
+            "order": order, "served": served, "n_items": self.n_items}).encode(), np.uint8)}
+        for k in self.items.old:
+            for state in ("old", "new", "transformed"):
+                arrays[f"item_{state}_{k}"] = getattr(self.items, state)[k][:self.n_items]
+            arrays[f"order_{k}"] = np.asarray(
+                [r for r in self.order[k] if r < self.n_items], np.int64)
+        for k in self.queries.new:
+            for state in ("new", "routed", "old"):
+                arrays[f"query_{state}_{k}"] = getattr(self.queries, state)[k]
+        for d in served:
+            arrays[f"relevant_{d}"] = np.asarray(self.queries.relevant[d])[:, :self.n_items]
+            arrays[f"units_{d}"] = self.units[d]
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npz.tmp")
+        with os.fdopen(fd, "wb") as fh:
+            np.savez(fh, **arrays)
+        os.replace(tmp, path)
+
+
+def _simulation(ctx: RunContext, record: Any, fitted: Any, p: MigrateParams,
+                validation: str, distractors: Distractors) -> Simulation:
+    """The validation set embedded (OLD: the gallery's version; NEW natively; the route:
+    NEW into the source space), its items in the gallery's kinds, joined with the
+    distractors."""
+    from training.upgrades.transform.order import order_items
+    from training.upgrades.transform.simulate import (
+        Items,
+        Queries,
+        join,
+        joined_order,
+        pad_relevance,
+    )
+    from training.versions import load_encoder
+
+    m = record.migration
     registry = Registry(ctx.settings.registry_dir)
     dataset = ctx.open_dataset(validation, "validation")
     old_art = registry.artifact(_gallery_version(
@@ -243,43 +376,93 @@ def validation_curve(ctx: RunContext, record: Any, fitted: Any, p: MigrateParams
     routed_enc = load_encoder(target, m.source.space, device)
     language = "en" if "en" in dataset.languages() else dataset.languages()[0]
     texts, owners = dataset.captions(language)
-    first_of: dict[int, int] = {}
-    for c, owner in enumerate(owners):
-        first_of.setdefault(owner, c)
-    first = [first_of[n] for n in range(len(dataset))]  # each item's stored caption
+    stored = dataset.stored_captions(language)
+    first = [stored[n] for n in range(len(dataset))]
     images = [dataset.load_image(n) for n in range(len(dataset))]
-    captions = [texts[c] for c in first]
-    item_old = {"image": old_enc.encode_images(images), "text": old_enc.encode_texts(captions)}
-    item_new = {"image": new_enc.encode_images(images), "text": new_enc.encode_texts(captions)}
-    transformed = {k: fitted.apply(k, item_old[k]) for k in fitted.kinds}
-    for k in KINDS:  # a kind without a map (no pairs of it): its transform is missing
-        transformed.setdefault(k, np.zeros_like(item_new[k]))
-    scores = sum(fitted.predicted_error(k, item_old[k], transformed[k]) for k in fitted.kinds)
+    kinds = list(distractors.old)  # the gallery's kinds
+    encode = {"image": lambda enc: enc.encode_images(images),
+              "text": lambda enc: enc.encode_texts([texts[c] for c in first])}
+    item_old = {k: encode[k](old_enc) for k in kinds}
+    item_new = {k: encode[k](new_enc) for k in kinds}
+    transformed = {k: fitted.apply(k, item_old[k]) for k in kinds}
+    scores = sum(fitted.predicted_error(k, item_old[k], transformed[k]) for k in kinds)
     names = [r.id for r in dataset.records]
     order = order_items(p.order, names, scores, seed=p.seed)
+    items = join(Items(item_old, item_new, transformed),
+                 Items(distractors.old, distractors.new, distractors.transformed))
+    joined = {k: joined_order(order, order_items(
+        p.order, [f"d{j:08d}" for j in range(len(distractors.old[k]))],
+        distractors.scores[k], seed=p.seed + 1)) for k in kinds}
     rel = dataset.relevance(language)  # [captions, images]
+    relevant = {"t2i": rel, "i2t": rel[first].T}
+    relevant = {d: pad_relevance({d: relevant[d]}, len(distractors.old[ik]))[d]
+                for d, ik in (("t2i", "image"), ("i2t", "text")) if ik in kinds}
     queries = Queries(
-        new={"text": new_enc.encode_texts(texts), "image": item_new["image"]},
+        new={"text": new_enc.encode_texts(texts), "image": new_enc.encode_images(images)},
         routed={"text": routed_enc.encode_texts(texts), "image": routed_enc.encode_images(images)},
-        old={"text": old_enc.encode_texts(texts), "image": item_old["image"]},
-        relevant={"t2i": rel, "i2t": rel[first].T})
-    grid = sorted({*GRID, *EXTRA})
-    hits = curve(Items(item_old, item_new, transformed), queries, {p.order: order}, grid,
-                 hybrid=False)
-    bound = ctx.settings.gate_max_negative_flip
-    points = []
-    for f in grid:
-        key = f"side {p.order} {f:g}"
-        points.append({"fraction": f, **{d: {
-            "side": round(float(hits[key][d].mean()), 4),
-            "share": _rounded(share(hits, key, d, boot=200))} for d in ("t2i", "i2t")}})
-    routed = {d: {"R@1": round(float(hits["routed"][d].mean()), 4),
-                  "share": _rounded(share(hits, "routed", d, boot=200))} for d in ("t2i", "i2t")}
-    return {"curve": points, "routed": routed,
-            "switch_at": switch_fraction(hits, p.order, grid, bound),
-            "curve_validation": {"path": validation, "items": len(dataset),
-                                 "queries": {"t2i": len(texts), "i2t": len(dataset)},
-                                 "max_negative_flip": bound}}
+        old={"text": old_enc.encode_texts(texts), "image": old_enc.encode_images(images)},
+        relevant=relevant)
+    units = {"t2i": np.asarray(owners, np.int64), "i2t": np.arange(len(dataset))}
+    return Simulation(items, queries, joined, units, len(dataset))
+
+
+# ------------------------------------------------------------------ after the switch (gateway)
+def live_check(gateway: Any, record: Any, job: Any, fraction: float) -> dict[str, Any] | None:
+    """The side as it stands, measured again after a progressive switch: the validation
+    items at ``fraction`` of their order (as the curve simulated them) among distractors
+    read from the gallery's own sides now (the same number of listed items, drawn with the
+    job's seed: their vectors on the target side, transformed or re-embedded as they are,
+    and on the source side for the route), against the route; ``below``: the side is
+    below the route beyond the error (one-sided test at 5%) in a served direction. None
+    when the curve's inputs are not there (no validation set)."""
+    from training.upgrades.transform.simulate import done_mask, falls_below, top1_hits
+
+    path = gateway.jobs.work_dir(job.id) / VALIDATION
+    if not path.exists():
+        return None
+    with np.load(path) as data:
+        saved = {k: data[k] for k in data.files}
+    meta = json.loads(bytes(saved["meta"]).decode())
+    served = meta["served"]
+    m = record.migration
+    ids = _drawn(gateway.store.stored(m.source.collection), LIVE_DISTRACTORS,
+                 int(job.params.get("seed", 0)))
+    target = gateway.store.vectors(m.target.collection, ids)
+    source = gateway.store.vectors(m.source.collection, ids)
+    hits: dict[str, dict[str, np.ndarray]] = {"side": {}, "routed": {}}
+    for d in served:
+        qk, ik = ("text", "image") if d == "t2i" else ("image", "text")
+        both = [i for i in ids if ik in target.get(i, {}) and ik in source.get(i, {})]
+        mask = done_mask(saved[f"order_{ik}"], meta["n_items"], fraction)
+        side = np.where(mask[:, None], saved[f"item_new_{ik}"], saved[f"item_transformed_{ik}"])
+        rel = np.concatenate([saved[f"relevant_{d}"],
+                              np.zeros((len(saved[f"relevant_{d}"]), len(both)), bool)], 1)
+        side_rows = np.concatenate([side, _rows(target, both, ik, side.shape[1])])
+        route_rows = np.concatenate([saved[f"item_old_{ik}"],
+                                     _rows(source, both, ik, saved[f"item_old_{ik}"].shape[1])])
+        hits["side"][d] = top1_hits(saved[f"query_new_{qk}"] @ side_rows.T, rel)
+        hits["routed"][d] = top1_hits(saved[f"query_routed_{qk}"] @ route_rows.T, rel)
+    units = {d: saved[f"units_{d}"] for d in served}
+    below = falls_below(hits, "side", "routed", served, units)
+    r1 = {d: {"side": round(float(hits["side"][d].mean()), 4),
+              "routed": round(float(hits["routed"][d].mean()), 4)} for d in served}
+    why = "; ".join(f"{d}: side {v['side']:.3f} against the route {v['routed']:.3f}"
+                    for d, v in r1.items())
+    return {"fraction": round(fraction, 4), "below": bool(below), "R@1": r1, "why": why,
+            "distractors": len(ids)}
+
+
+def _drawn(stored: dict[str, Any], k: int, seed: int) -> list[str]:
+    names = sorted(stored)
+    picked = np.random.default_rng(seed).permutation(len(names))[:k]
+    return [names[n] for n in sorted(picked.tolist())]
+
+
+def _rows(vectors: dict[str, dict[str, np.ndarray]], ids: list[str], kind: str,
+          dim: int) -> np.ndarray:
+    if not ids:
+        return np.zeros((0, dim), np.float32)
+    return np.stack([np.asarray(vectors[i][kind], np.float32) for i in ids])
 
 
 def _rounded(value: dict[str, float | None]) -> dict[str, float | None]:

@@ -193,6 +193,16 @@ class GalleryStore:
         with self._call(gallery):
             return int(self.client.count(gallery, exact=True).count)
 
+    def count_made(self, gallery: str, by: str) -> int:
+        """The points whose vectors were made ``by`` "embed" or "transform" (``Item.made``;
+        a point written before ``made`` existed was embedded)."""
+        if by == "embed":
+            return self.count(gallery) - self.count_made(gallery, "transform")
+        where = models.Filter(must=[models.FieldCondition(
+            key="made.by", match=models.MatchValue(value=by))])
+        with self._call(gallery):
+            return int(self.client.count(gallery, count_filter=where, exact=True).count)
+
     def search(self, gallery: str, vector: np.ndarray, kind: str, top_k: int,
                where: Where | None = None) -> list[Hit]:
         """The ``top_k`` items of ``kind`` closest to ``vector`` [D] that match ``where``."""

@@ -325,6 +325,21 @@ class JobStore:
             return replace(job, cancel_requested=True)
         return self.update(job_id, change)
 
+    def reopen(self, job_id: str) -> Job:
+        """A finished job runs again (a migration resumed after its backfill stopped): its
+        shards that had not finished are marked cancelled (the caller plans what is left
+        as new shards); Conflict while it still runs."""
+        def change(job: Job) -> Job:
+            if not job.finished:
+                raise Conflict(f"job '{shown(job_id)}' is {job.status}; nothing to resume")
+            shards = [s if s["state"] == "done" else {**s, "state": "cancelled"}
+                      for s in job.shards]
+            return replace(job, status="running", ended_at=None, error=None,
+                           cancel_requested=False, shards=shards, result={
+                               **job.result, "stopped": False,
+                               "resumed": [*job.result.get("resumed", []), utc_now()]})
+        return self.update(job_id, change)
+
     def reap(self, stale_after_s: float, worker: str | None = None) -> Reaped:
         """Running jobs whose heartbeat is older than ``stale_after_s`` (or, with
         ``worker``, every running job of that worker: it restarted, so they are dead):

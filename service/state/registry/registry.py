@@ -366,6 +366,23 @@ class Registry:
             return _save(index, back.with_event(event))
         return self.index.update(change)
 
+    def switch_back_migration(self, gallery: str, *, by: str, reason: str) -> GalleryRecord:
+        """switched -> backfilling (the applier, not the operator): the source side serves
+        again while the backfill goes on, because the target side fell below the route
+        beyond the error, or the end-of-backfill gate failed after a progressive switch."""
+        def change(index: dict[str, Any]) -> GalleryRecord:
+            record = _gallery(index, gallery)
+            m = require_migration(record, "switched", "switch back")
+            active = _version(index, record.active)
+            if m.source.space not in active.routes:
+                raise SpaceMismatch(_no_route(active, m.source.space))
+            event = Event("migration-switch-back", record.active, record.active, by,
+                          utc_now(), reason, space=m.source.space)
+            back = replace(record, space=m.source.space, collection=m.source.collection,
+                           migration=replace(m, state="backfilling"))
+            return _save(index, back.with_event(event))
+        return self.index.update(change)
+
     def end_migration(self, gallery: str, *, abort: bool) -> tuple[GalleryRecord, Side]:
         """Close the migration; (the record, the side to drop). ``abort`` (its job was
         cancelled or failed): only while backfilling, the target side goes. Otherwise

@@ -1,0 +1,101 @@
+"""A migration's life as one state machine: its phases, and which action moves it from
+one to another (every allowed transition is listed here, once; ``control`` has one
+function per transition and asks ``require`` before it changes anything).
+
+A phase is read off two records: the registry's migration (which side serves:
+``backfilling`` = the source, ``switched`` = the target, ``rolled_back`` = the source
+again) and its job (the backfill runs, or ended and how). No third record is kept, so the
+two can never disagree with it.
+"""
+
+from __future__ import annotations
+
+from service.state.errors import Conflict
+from service.state.jobs.store import Job
+from service.state.registry.records import Migration
+
+PHASES: dict[str, str] = {
+    "backfilling": "the source side serves (through the route) while the backfill runs",
+    "serving": "switched progressively: the target side serves while the backfill still runs",
+    "stopped": "cancelled after a progressive switch: the backfill stopped where it was, "
+               "the target side serves; resume it, roll back, or retire once no item holds "
+               "a transformed vector",
+    "awaiting": "the backfill ended without a switch (the gate failed, auto_switch is off, "
+                "or items have no new vector): the source side serves; the operator switches "
+                "(force, with a reason, past a failed gate) or cancels",
+    "switched": "the target side serves and the backfill is over",
+    "rolled_back": "the source side serves again after a switch; the target side is kept "
+                   "(and still written) until retired",
+    "undoing": "its job failed or was cancelled before any switch: the applier drops the "
+               "target side and the gallery serves as before",
+    "ended": "the migration is closed (undone, or retired)",
+}
+
+# phase -> action -> the phase it leads to. Actions: the operator's (switch, rollback,
+# retire, cancel, resume) and the applier's (progressive, switch_back, finish, gate_failed,
+# fail). ``finish`` from backfilling lands in switched or awaiting: the gate decides.
+TRANSITIONS: dict[str, dict[str, str]] = {
+    "backfilling": {"progressive": "serving", "finish": "switched|awaiting",
+                    "cancel": "ended", "fail": "ended"},
+    "undoing": {"fail": "ended", "cancel": "ended"},
+    "serving": {"switch_back": "backfilling", "finish": "switched",
+                "gate_failed": "awaiting", "cancel": "stopped", "rollback": "rolled_back"},
+    "stopped": {"resume": "serving", "rollback": "rolled_back", "retire": "ended"},
+    "awaiting": {"switch": "switched", "cancel": "ended"},
+    "switched": {"rollback": "rolled_back", "retire": "ended"},
+    "rolled_back": {"retire": "ended", "cancel": "rolled_back", "resume": "rolled_back"},
+    "ended": {},
+}
+OPERATOR = ("switch", "rollback", "retire", "cancel", "resume")
+
+
+def phase_of(m: Migration | None, job: Job | None) -> str:
+    """The phase of migration ``m`` whose job record is ``job`` (None: its record is gone,
+    the backfill cannot run)."""
+    if m is None:
+        return "ended"
+    running = job is not None and not job.finished
+    if m.state == "switched":
+        if running:
+            return "serving"
+        return "stopped" if _stopped(job) else "switched"
+    if m.state == "rolled_back":
+        return "rolled_back"
+    if running:
+        return "backfilling"
+    if job is None or job.status == "succeeded" or job.result.get("gate_failed"):
+        return "awaiting"
+    return "undoing"
+
+
+def _stopped(job: Job | None) -> bool:
+    """Its backfill ended before its end after a switch (cancelled, or a shard failed):
+    resumable from where each shard stopped."""
+    return job is not None and job.status in ("cancelled", "failed")
+
+
+def allowed(phase: str, action: str, job: Job | None = None) -> bool:
+    """Whether ``action`` is a transition out of ``phase`` (with the conditions the table
+    cannot show: in rolled_back, cancel needs a running backfill and resume a stopped one)."""
+    if action not in TRANSITIONS[phase]:
+        return False
+    if phase == "rolled_back" and action == "cancel":
+        return job is not None and not job.finished
+    if phase == "rolled_back" and action == "resume":
+        return _stopped(job)
+    if phase == "rolled_back" and action == "retire":
+        return job is None or job.finished
+    return True
+
+
+def require(gallery: str, m: Migration | None, job: Job | None, action: str) -> str:
+    """The migration's phase, if ``action`` is allowed in it; else a Conflict that says the
+    phase and what the operator can do instead."""
+    phase = phase_of(m, job)
+    if allowed(phase, action, job):
+        return phase
+    options = [a for a in OPERATOR if allowed(phase, a, job)]
+    if m is None:
+        raise Conflict(f"gallery '{gallery}' has no migration to {action}")
+    raise Conflict(f"cannot {action} the migration of gallery '{gallery}': it is {phase} "
+                   f"({PHASES[phase]}); allowed now: {', '.join(options) or 'nothing'}")
