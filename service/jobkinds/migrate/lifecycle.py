@@ -70,8 +70,10 @@ def phase_of(m: Migration | None, job: Job | None) -> str:
 
 def _stopped(job: Job | None) -> bool:
     """Its backfill ended before its end after a switch (cancelled, or a shard failed):
-    resumable from where each shard stopped."""
-    return job is not None and job.status in ("cancelled", "failed")
+    resumable from where each shard stopped. (A job failed by its gate ended its
+    backfill: an operator's forced switch after it is a plain switch.)"""
+    return job is not None and (job.status == "cancelled" or (
+        job.status == "failed" and not job.result.get("gate_failed")))
 
 
 def allowed(phase: str, action: str, job: Job | None = None) -> bool:

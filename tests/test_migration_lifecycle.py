@@ -1,0 +1,176 @@
+# ruff: noqa: F811  (the module-scoped fixtures of test_migration are imported by name)
+"""A migration's life as a state machine (service/jobkinds/migrate/lifecycle.py): every
+phase with the operator actions it allows and refuses, then the transitions issue 38 found
+broken, through the real gateway (its applier drives the migration), a real Redis and,
+where something must be re-embedded, a real Celery worker process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from conftest import ADMIN
+from qdrant_client import models
+from test_migration import migrate, migrating_stack, migration, up_version, world  # noqa: F401
+from test_worker import wait_for, worker_process
+
+from service.jobkinds.migrate.lifecycle import OPERATOR, TRANSITIONS, allowed, phase_of, require
+from service.state.errors import Conflict
+from service.state.jobs.workers import write_beat
+from service.state.registry.index import utc_now
+from service.state.jobs.store import Job
+from service.state.registry.records import Migration, Side
+
+# The operator's actions each phase allows: the specification the table must keep.
+EXPECTED = {
+    "backfilling": {"cancel"},
+    "serving": {"cancel", "rollback"},
+    "stopped": {"resume", "rollback", "retire"},
+    "awaiting": {"switch", "cancel"},
+    "switched": {"rollback", "retire"},
+    "undoing": {"cancel"},
+    "ended": set(),
+}
+
+
+def _migration(state: str) -> Migration:
+    return Migration("job-000000000001", "up", Side("v1", "a"), Side("v3", "b"), state,
+                     "2026-01-01T00:00:00+00:00", "test")
+
+
+def _job(status: str, **result: object) -> Job:
+    return Job("job-000000000001", "migrate", "shapes", {}, False, "test", "now",
+               status=status, result=dict(result))
+
+
+CASES = [  # (registry state, job status, job result) -> phase
+    ("backfilling", "running", {}, "backfilling"),
+    ("backfilling", "queued", {}, "backfilling"),
+    ("switched", "running", {}, "serving"),
+    ("switched", "cancelled", {"stopped": True}, "stopped"),
+    ("switched", "failed", {}, "stopped"),
+    ("backfilling", "succeeded", {}, "awaiting"),
+    ("backfilling", "failed", {"gate_failed": True}, "awaiting"),
+    ("backfilling", "failed", {}, "undoing"),
+    ("backfilling", "cancelled", {}, "undoing"),
+    ("switched", "succeeded", {}, "switched"),
+    ("switched", "failed", {"gate_failed": True}, "switched"),  # forced past its gate
+]
+
+
+@pytest.mark.parametrize(("state", "status", "result", "phase"), CASES)
+def test_every_phase_allows_exactly_its_transitions(state, status, result, phase) -> None:
+    m, job = _migration(state), _job(status, **result)
+    assert phase_of(m, job) == phase
+    for action in OPERATOR:
+        if action in EXPECTED[phase]:
+            assert require("shapes", m, job, action) == phase
+        else:
+            with pytest.raises(Conflict) as refused:
+                require("shapes", m, job, action)
+            message = refused.value.message
+            assert f"cannot {action}" in message and f"it is {phase}" in message
+            assert "allowed now: " + (", ".join(a for a in OPERATOR if a in EXPECTED[phase])
+                                      or "nothing") in message
+
+
+def test_a_rolled_back_migration_allows_by_its_backfill() -> None:
+    m = _migration("rolled_back")
+    running, done, stopped = _job("running"), _job("succeeded"), _job("cancelled")
+    assert {a for a in OPERATOR if allowed("rolled_back", a, running)} == {"cancel"}
+    assert {a for a in OPERATOR if allowed("rolled_back", a, done)} == {"retire"}
+    assert {a for a in OPERATOR if allowed("rolled_back", a, stopped)} == {"retire", "resume"}
+    assert phase_of(m, None) == "rolled_back"
+    assert phase_of(None, None) == "ended" and not TRANSITIONS["ended"]
+    with pytest.raises(Conflict, match="has no migration to retire"):
+        require("shapes", None, None, "retire")
+
+
+# ------------------------------------------------------------------ through the gateway
+def _serving(client, transformed: int) -> dict:
+    """A migration put in phase ``serving`` without a worker: its job's shard stays queued,
+    the target side holds every item (the first ``transformed`` marked as transformed, as
+    a progressive switch leaves them), and the registry switches as the applier does."""
+    gw = client.app.state.gateway  # type: ignore[attr-defined]
+    # A worker is seen (its heartbeat record) but busy elsewhere: the shard stays queued.
+    write_beat(gw.settings, "busy@elsewhere", utc_now())
+    started = migrate(client, shards=1, batch_size=8)
+    view = migration(client)
+    source, target = view["source"]["collection"], view["target"]["collection"]
+    points, _ = gw.store.client.scroll(source, limit=10_000, with_payload=True,
+                                       with_vectors=True)
+    made = {"by": "transform", "version": "up", "from_space": "v1", "map": "test"}
+    gw.store.client.upsert(target, [models.PointStruct(
+        id=p.id, vector=p.vector, payload={**p.payload, **({"made": made} if n < transformed
+                                                           else {})})
+        for n, p in enumerate(points)])
+    gw.registry.switch_migration("shapes", by="test", reason="progressive (test)")
+    gw.store.point_alias("shapes", target)
+    assert migration(client)["phase"] == "serving"
+    return started
+
+
+def test_a_failed_end_gate_after_a_progressive_switch_fails_and_switches_back(
+        micro_versions, world, up_version, tmp_path) -> None:
+    """Finding 2: the gate is read after a progressive switch. Failed: the route serves
+    again, the job fails naming the operator's options, the history says why; the
+    operator can still force the switch."""
+    with migrating_stack(tmp_path, micro_versions, world, up_version) as (client, _):
+        started = _serving(client, transformed=0)
+        gw = client.app.state.gateway  # type: ignore[attr-defined]
+        gw.jobs.add_shards(started["id"], [{"task": "gate", "start": None, "end": None,
+                                            "total": 0}])
+        gate = {"passed": False, "checks": [
+            {"direction": "t2i", "migrated": 0.2, "routed": 0.5, "passed": False},
+            {"direction": "i2t", "migrated": 0.6, "routed": 0.5, "passed": True}]}
+        gw.jobs.update(started["id"], lambda j: replace(j, status="running", gate=gate, shards=[
+            {**s, "state": "done", "done": s["total"]} for s in j.shards]))
+        view = wait_for(lambda: (v := migration(client))["job_status"] == "failed" and v,
+                        60, "the gate's outcome")
+        assert view["state"] == "backfilling" and view["serving_space"] == "v1"
+        assert view["phase"] == "awaiting" and set(view["options"]) == {"switch", "cancel"}
+        assert "gate failed" in view["job_error"] and "force=true" in view["job_error"]
+        assert view["result"]["gate_failed"] is True and view["result"]["switched"] is False
+        history = client.get("/v1/galleries/shapes", headers=ADMIN).json()["history"]
+        assert history[-1]["action"] == "migration-switch-back"
+        assert "t2i migrated 0.200 vs routed 0.500" in history[-1]["reason"]
+        r = client.post("/v1/galleries/shapes/search", json={"text": "a red circle"})
+        assert r.status_code == 200 and r.json()["space"] == "v1"
+        r = client.post("/v1/galleries/shapes/migration/switch", headers=ADMIN, json={})
+        assert r.status_code == 409 and "did not pass" in r.text, r.text
+        r = client.post("/v1/galleries/shapes/migration/switch", headers=ADMIN,
+                        json={"force": True, "reason": "we checked it by hand"})
+        assert r.status_code == 200 and r.json()["phase"] == "switched", r.text
+
+
+def test_a_cancel_after_the_switch_stops_and_resumes_and_retire_waits_for_it(
+        micro_versions, world, up_version, tmp_path) -> None:
+    """Finding 3: cancelled after a progressive switch, the backfill stops (resumable);
+    retire is refused while items hold transformed vectors, naming how many; resumed, a
+    real worker re-embeds what is left and the migration ends switched."""
+    with migrating_stack(tmp_path, micro_versions, world, up_version) as (client, values):
+        _serving(client, transformed=5)
+        r = client.post("/v1/galleries/shapes/migration/cancel", headers=ADMIN)
+        assert r.status_code == 204, r.text
+        view = wait_for(lambda: (v := migration(client))["phase"] == "stopped" and v, 30,
+                        "the stop")
+        assert view["state"] == "switched" and view["job_status"] == "cancelled"
+        assert set(view["options"]) == {"resume", "rollback", "retire"}
+        r = client.post("/v1/galleries/shapes/migration/retire", headers=ADMIN)
+        assert r.status_code == 409 and "5 item(s)" in r.text and "resume" in r.text, r.text
+        r = client.post("/v1/galleries/shapes/migration", headers=ADMIN, json={})
+        assert r.status_code == 409, r.text  # a new migration is refused: resume this one
+        r = client.post("/v1/galleries/shapes/migration/resume", headers=ADMIN)
+        assert r.status_code == 200 and r.json()["phase"] == "serving", r.text
+        assert r.json()["result"]["resumed_items"] == 5
+        with worker_process(values, tmp_path / "worker.log") as proc:
+            done = wait_for(lambda: (v := migration(client))["job_status"] == "succeeded"
+                            and v, 180, "the resumed backfill", proc)
+        assert done["phase"] == "switched" and done["result"]["gate_failed"] is False
+        gw = client.app.state.gateway  # type: ignore[attr-defined]
+        assert gw.store.count_made(done["target"]["collection"], "transform") == 0
+        r = client.post("/v1/galleries/shapes/migration/retire", headers=ADMIN)
+        assert r.status_code == 200, r.text
+        r = client.post("/v1/galleries/shapes/migration/resume", headers=ADMIN)
+        assert r.status_code == 409 and "no migration" in r.text
