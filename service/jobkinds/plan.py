@@ -185,8 +185,18 @@ def run(ctx: RunContext) -> dict[str, Any]:
     plan = run_plan(new, old, gallery.space, sample, validation, basis["items"],
                     Constraints(**p.constraints.model_dump()), p.objective, p.seed,
                     xbt_versions(registry, spec.describe(), gallery.space),
-                    ctx.settings.gate_max_negative_flip, ctx.settings.device, on_stage)
+                    ctx.settings.gate_max_negative_flip, ctx.settings.device, on_stage,
+                    stored=stored_version(registry, gallery))
     return {"result": {"plan": plan, "skipped": skipped}}
+
+
+def stored_version(registry: Registry, gallery: Any) -> Any:
+    """The version that embedded the gallery's stored vectors: the latest of its history
+    native to the gallery's space (a route serving it, e.g. an applied adapter option,
+    is not), else the newest registered version native to that space."""
+    from service.jobkinds.migrate.backfill import _gallery_version
+
+    return registry.artifact(_gallery_version(registry, {}, gallery.history, gallery.space))
 
 
 def staleness(job: Job, now: dict[str, Any], own_versions: set[str]) -> list[str]:

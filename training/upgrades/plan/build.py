@@ -49,6 +49,25 @@ def _worst(values: dict[str, float] | None) -> float | None:
     return None if not values else max(values.values())
 
 
+def time_averaged(scorer: Scorer, option: Option, horizon: float) -> tuple[float, np.ndarray]:
+    """The option's score averaged over time from the start of the migration to
+    ``horizon`` (compute, in full backfills: every migration of the plan has ended by
+    then), with its draws. Time includes the option's own fits (``overhead_fraction``),
+    during which what served before (the route, ``served[0]``) still serves; after its
+    backfill, its final side. So a migration that needs a fit first is weighed by when
+    its gain arrives, not by how many items it had re-embedded."""
+    served = option.served
+    assert served is not None
+    fractions = sorted(served)
+    start = option.overhead_fraction
+    timeline = {0.0: served[fractions[0]]}
+    timeline.update({start + f: served[f] for f in fractions})
+    timeline[max(horizon, start + fractions[-1])] = served[fractions[-1]]
+    value, draws = scorer.area(timeline)
+    span = max(timeline) - min(timeline)
+    return value / span, draws / span
+
+
 def make_plan(options: Sequence[Option], scorer: Scorer, costs: Costs,
               constraints: Constraints, old_hits: dict[str, np.ndarray],
               new_hits: dict[str, np.ndarray]) -> dict[str, Any]:
@@ -57,6 +76,8 @@ def make_plan(options: Sequence[Option], scorer: Scorer, costs: Costs,
 
     rows, scored = [], []
     no_gain = [d for d, g in scorer.gain.items() if g <= 0]
+    horizon = max((1.0 + o.overhead_fraction for o in options if o.served is not None),
+                  default=1.0)
     for o in options:
         row: dict[str, Any] = {
             "name": o.name, "kind": o.kind, "label": o.label, "measured": o.measured,
@@ -88,8 +109,9 @@ def make_plan(options: Sequence[Option], scorer: Scorer, costs: Costs,
                         "score": _r(s.score), "negative_flip": {d: _r(v) for d, v in
                                                                 flips.items()}})
             if o.served is not None:
-                s.area, s.area_draws = sc.area(o.served)
-                row.update({"mean_share_during": _r(s.area), "switch_at": o.switch_at,
+                s.area, s.area_draws = time_averaged(sc, o, horizon)
+                row.update({"mean_share_during": _r(s.area), "horizon": _r(horizon),
+                            "switch_at": o.switch_at,
                             "overhead_fraction": _r(o.overhead_fraction),
                             "curve": [{"fraction": f, "compute": _r(o.overhead_fraction + f),
                                        **{d: {k: _r(v) for k, v in sh.items()} for d, sh in

@@ -70,10 +70,14 @@ def run_plan(new: Artifact | ModelSpec, old: Artifact, space: str, sample: Any,
              validation: Any, gallery_items: int, constraints: Constraints,
              objective: str = "lower", seed: int = 0, xbt: Sequence[Artifact] = (),
              max_negative_flip: float | None = None, device: str | None = None,
-             on_stage: Callable[[str], None] | None = None) -> dict[str, Any]:
+             on_stage: Callable[[str], None] | None = None,
+             stored: Artifact | None = None) -> dict[str, Any]:
     """The plan's record. ``sample``: an adapter ``Sample`` (sources and stored OLD
     vectors); ``validation``: a ``PairDataset``; ``old``: the version serving the gallery
-    (its route into ``space`` embeds the validation set as the gallery stores it);
+    (its route into ``space`` embeds the baseline's queries: what users get now);
+    ``stored``: the version that embedded the gallery's stored vectors, native to
+    ``space`` (it embeds the validation items as the gallery stores them, and the routes
+    and the transform are fitted on its vectors; None: ``old`` itself);
     ``xbt``: trained upgrade versions of the candidate with a route into ``space``."""
     from training.upgrades.adapter.fit import embed_sample
     from training.upgrades.inputs import new_model_of
@@ -84,7 +88,9 @@ def run_plan(new: Artifact | ModelSpec, old: Artifact, space: str, sample: Any,
     spec, model, _ = new_model_of(new)
     tokenizer = create_tokenizer(spec)
     new_enc = Encoder(model, tokenizer, device)
-    old_enc = load_encoder(old, space, device)
+    old_enc = load_encoder(old, space, device)  # the serving route: the baseline's queries
+    stored_enc = old_enc if stored is None or stored.version_id == old.version_id else \
+        load_encoder(stored, space, device)  # the gallery's vectors
 
     stage("embed the sample")
     t0 = time.perf_counter()
@@ -103,27 +109,31 @@ def run_plan(new: Artifact | ModelSpec, old: Artifact, space: str, sample: Any,
     rel = validation.relevance(language)  # [captions, images]
     # a gallery of the validation set's images and of all its captions (as bench upgrade
     # scores: image queries against every caption), each kind its own items
-    old_images, new_images = old_enc.encode_images(images), new_enc.encode_images(images)
-    old_texts, new_texts = old_enc.encode_texts(texts), new_enc.encode_texts(texts)
+    old_images, new_images = stored_enc.encode_images(images), new_enc.encode_images(images)
+    old_texts, new_texts = stored_enc.encode_texts(texts), new_enc.encode_texts(texts)
+    serving_q = ({"text": old_texts, "image": old_images} if stored_enc is old_enc else
+                 {"text": old_enc.encode_texts(texts), "image": old_enc.encode_images(images)})
+    owners = np.asarray(validation.captions(language)[1], np.int64)
+    units = {"t2i": owners, "i2t": np.arange(len(validation))}  # an image with its captions
     emb = Embedded(item_old={"image": old_images, "text": old_texts},
                    item_new={"image": new_images, "text": new_texts},
-                   query_old={"text": old_texts, "image": old_images},
+                   query_old=serving_q,
                    query_new={"text": new_texts, "image": new_images},
-                   relevant={"t2i": rel, "i2t": rel.T})
+                   relevant={"t2i": rel, "i2t": rel.T}, units=units)
     validation_s = time.perf_counter() - t0
     old_hits = emb.hits(emb.query_old, emb.item_old)
     new_hits = emb.hits(emb.query_new, emb.item_new)
-    scorer = Scorer(old_hits, new_hits, objective, seed=seed)
+    scorer = Scorer(old_hits, new_hits, objective, seed=seed, units=units)
     # the migrations are simulated on the validation set as a gallery of whole items (each
     # image with its first caption, re-embedded together), as a migration simulates its own
     # curve and switch (``service.jobkinds.migrate.transform.validation_curve``); the
     # same queries and the same bootstrap draws of them, so options stay paired
     captioned = validation.stored_captions(language)  # item -> its stored caption
-    stored = np.asarray(list(captioned.values()), np.int64)
-    whole = Embedded(item_old={"image": old_images, "text": old_texts[stored]},
-                     item_new={"image": new_images, "text": new_texts[stored]},
+    first = np.asarray(list(captioned.values()), np.int64)
+    whole = Embedded(item_old={"image": old_images, "text": old_texts[first]},
+                     item_new={"image": new_images, "text": new_texts[first]},
                      query_old=emb.query_old, query_new=emb.query_new,
-                     relevant={"t2i": rel, "i2t": rel[stored].T})
+                     relevant={"t2i": rel, "i2t": rel[first].T}, units=units)
     whole_scorer = scorer.rebased(whole.hits(whole.query_old, whole.item_old),
                                   whole.hits(whole.query_new, whole.item_new))
 
@@ -132,24 +142,26 @@ def run_plan(new: Artifact | ModelSpec, old: Artifact, space: str, sample: Any,
     stage("time the queries")
     old_ms = query_ms(old_enc, texts, images)
     native_ms = query_ms(new_enc, texts, images)
-    slerp_old = old_enc if old.space == space else None  # SLERP mixes OLD's native query
+    native = stored if stored is not None else old
+    slerp_old = stored_enc if native.space == space else None  # SLERP: OLD's native query
     options = [_route_option(r, emb, costs, sample_s, seed,
                              Encoder(model, tokenizer, device, text_head=r.maps["text"],
                                      image_head=r.maps["image"]),
                              slerp_old, old_ms, texts, images) for r in routes]
-    options += _xbt_options(xbt, emb, space, costs, old_ms, texts, images, device, spec)
+    routed_of = {r.name: r.queries(whole) for r in routes}  # what each route serves
+    options += _xbt_options(xbt, emb, space, costs, old_ms, texts, images, device, spec,
+                            routed_of)
 
     measured = [o for o in options if o.kind == "route" and o.measured and o.hits is not None]
     # the route that serves until a migration switches: the best measured one (by the
     # lower direction's R@1, which needs no gain to be defined)
     serving = max(measured, key=lambda o: min(float(h.mean()) for h in o.hits.values()))  # type: ignore[union-attr]
-    route = next(r for r in routes if r.name == serving.name)
     stage("fit the transform and simulate the migrations")
     ids = [r.id for r in validation.records]
     names = {"image": ids, "text": [ids[o] for o in captioned]}  # an item without a
     # caption in this language: the kinds differ, and each is ordered alone
     ts = transform_migrations(whole, sample_old, sample_new, names,
-                              route.queries(whole), seed, max_negative_flip)
+                              routed_of[serving.name], seed, max_negative_flip)
     fitted, fit_s, migs = ts.fitted, ts.fit_seconds, ts.migrations
     map_s = ts.map_seconds / max(1, ts.mapped_items) * gallery_items * len(fitted.kinds)
     dims = {k: v.shape[1] for k, v in emb.item_new.items()}
@@ -258,9 +270,11 @@ def _route_option(r: RouteFit, emb: Embedded, costs: Costs, sample_s: float, see
 
 def _xbt_options(versions: Sequence[Artifact], emb: Embedded, space: str, costs: Costs,
                  old_ms: dict[str, float], texts: Sequence[str], images: Sequence[Any],
-                 device: str | None, spec: ModelSpec) -> list[Option]:
-    """A trained XBT version of the candidate: measured like a route; none: its cost
-    estimated from XBT's default steps at NEW's measured rate."""
+                 device: str | None, spec: ModelSpec,
+                 routed_of: dict[str, Mapping[str, np.ndarray]]) -> list[Option]:
+    """A trained XBT version of the candidate: measured like a route (its routed queries
+    go into ``routed_of``: it may be the route that serves during a migration); none:
+    its cost estimated from XBT's default steps at NEW's measured rate."""
     from training.upgrades.xbt.config import XbtConfig
     from training.versions import load_encoder
 
@@ -268,6 +282,7 @@ def _xbt_options(versions: Sequence[Artifact], emb: Embedded, space: str, costs:
     for art in versions:
         enc = load_encoder(art, space, device)
         routed = {"text": enc.encode_texts(texts), "image": enc.encode_images(images)}
+        routed_of[f"xbt:{art.version_id}"] = routed
         metrics = art.manifest.get("metrics") or {}
         seconds = float(sum(v.get("seconds", 0.0) for v in metrics.values()
                             if isinstance(v, dict)))

@@ -1,0 +1,110 @@
+# ruff: noqa: F811  (module-scoped fixtures imported by name)
+"""``run_plan`` on real micro models (issue 38, findings 4, 5 and 8): a trained XBT version
+can be the route that serves during the plan's migrations; the baseline is the gallery's
+stored vectors (by the version that embedded them) queried through the serving route; a
+migration's gain is weighed over time from its start, its own fits included."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_migration import ITEMS, world  # noqa: F401
+from test_migration_transform import up_trained  # noqa: F401
+
+from training.artifacts import load_artifact
+from training.data import open_dataset
+from training.upgrades.plan.build import time_averaged
+from training.upgrades.plan.decide import Constraints
+from training.upgrades.plan.measure import DIRECTIONS, Option, Scorer, top1_hits
+
+
+def _relabelled(src: Path, out: Path, version: str, space: str) -> Path:
+    shutil.copytree(src, out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    native = (manifest.get("routes") or {}).get(manifest["space"], {"kind": "native"})
+    manifest = {k: v for k, v in manifest.items() if k != "gate"}
+    (out / "manifest.json").write_text(json.dumps({**manifest, "space": space,
+                                                   "version_id": version,
+                                                   "routes": {space: native}}))
+    return out
+
+
+@pytest.fixture(scope="module")
+def plan_of_routes(micro_versions, world, up_trained, tmp_path_factory) -> dict:
+    """The gallery's vectors by 't1' (a trained micro model, native to space v1); it is
+    served through 'r3' (a random model with a Procrustes route into v1, fitted on t1's
+    vectors); the candidate is v3 (random); 'xbt-t1' (t1's weights as a version native to
+    v1) is a trained upgrade that routes exactly onto the stored vectors: the best route."""
+    from training.upgrades.adapter import AdapterFitConfig
+    from training.upgrades.adapter.fit import fit_adapter, sample_from_dataset
+    from training.upgrades.plan.run import run_plan
+
+    root = tmp_path_factory.mktemp("plan-run")
+    trained = Path(up_trained).parent / "trained"
+    t1 = load_artifact(_relabelled(trained, root / "t1", "t1", "v1"))
+    xbt = load_artifact(_relabelled(trained, root / "xbt", "xbt-t1", "v1"))
+    data = open_dataset(world)
+    sample = sample_from_dataset(t1, data, k=ITEMS)
+    r3 = fit_adapter(load_artifact(micro_versions["v3"]), sample, AdapterFitConfig(), "v1",
+                     root / "r3", version_id="r3")
+    plan = run_plan(load_artifact(micro_versions["v3"]), r3, "v1", sample, data, ITEMS,
+                    Constraints(), xbt=[xbt], stored=t1)
+    return {"plan": plan, "t1": t1, "r3": r3, "data": data}
+
+
+def test_a_trained_xbt_version_can_be_the_route_that_serves(plan_of_routes) -> None:
+    plan = plan_of_routes["plan"]
+    rows = {r["name"]: r for r in plan["options"]}
+    assert "xbt:xbt-t1" in rows and rows["xbt:xbt-t1"]["measured"]
+    migrations = [r for r in plan["options"] if r["kind"] == "migration"]
+    assert migrations and all(r["apply"]["route"] == "xbt:xbt-t1" for r in migrations)
+
+
+def test_the_baseline_is_the_stored_vectors_seen_through_the_serving_route(
+        plan_of_routes) -> None:
+    from training.versions import load_encoder
+
+    data = plan_of_routes["data"]
+    stored = load_encoder(plan_of_routes["t1"], "v1", None)
+    serving = load_encoder(plan_of_routes["r3"], "v1", None)
+    texts, _ = data.captions("en")
+    images = [data.load_image(n) for n in range(len(data))]
+    rel = data.relevance("en")
+    items = {"image": stored.encode_images(images), "text": stored.encode_texts(texts)}
+    queries = {"text": serving.encode_texts(texts), "image": serving.encode_images(images)}
+    relevant = {"t2i": rel, "i2t": rel.T}
+    expected = {d: round(float(top1_hits(queries[q] @ items[i].T, relevant[d]).mean()), 4)
+                for d, (q, i) in DIRECTIONS.items()}
+    assert plan_of_routes["plan"]["baseline"]["old->old"] == expected
+    # the route's own vectors would be another baseline: this one is not that
+    own = {"image": serving.encode_images(images), "text": serving.encode_texts(texts)}
+    naive = {d: round(float(top1_hits(queries[q] @ own[i].T, relevant[d]).mean()), 4)
+             for d, (q, i) in DIRECTIONS.items()}
+    assert naive != expected
+
+
+def test_a_migration_is_weighed_over_time_its_fits_included() -> None:
+    """Two migrations with the same curve over their backfill: the one that first spends
+    1.4 backfills on fits (the route serving meanwhile) delivers less over time."""
+    rng = np.random.default_rng(0)
+    n = 400
+    old = {d: rng.random(n) < 0.3 for d in ("t2i", "i2t")}
+    new = {d: old[d] | (rng.random(n) < 0.5) for d in old}
+    scorer = Scorer(old, new, "lower", seed=0)
+    served = {f: {d: np.where(np.arange(n) < f * n, new[d], old[d]) for d in old}
+              for f in (0.0, 0.25, 0.5, 0.75, 1.0)}
+
+    def migration(overhead: float) -> Option:
+        return Option("m", "migration", "", compute_seconds=1.0, compute_fraction=1 + overhead,
+                      hits=new, served=served, overhead_fraction=overhead)
+
+    plain, fitted = migration(0.0), migration(1.4)
+    by_fraction = scorer.area(served)[0]
+    plain_t, _ = time_averaged(scorer, plain, 2.4)
+    fitted_t, _ = time_averaged(scorer, fitted, 2.4)
+    assert fitted_t < plain_t  # over the fraction of the backfill alone they are equal
+    assert time_averaged(scorer, plain, 1.0)[0] == pytest.approx(by_fraction)
