@@ -1153,3 +1153,31 @@ def test_a_plan_is_started_and_applied_from_the_page(page: Any, stack: Stack, pl
     applied = stack.api("GET", f"/v1/galleries/{PLANNED}/plans/{plan_id}")["applied"]
     assert [(a["option"], a["forced"], a["reason"]) for a in applied] == [
         ("route:procrustes", False, None), ("route:affine", True, "browser drill")]
+
+
+def test_a_plans_apply_buttons_are_in_view_on_a_laptop_screen(page: Any, stack: Stack,
+                                                              planned: Planned) -> None:
+    """On the tab's 1366-px-wide window, the table of a finished plan fits its panel:
+    every Apply button lies inside the table's box and the viewport, seen without
+    scrolling the table or the page sideways (a click would scroll to it, so this reads
+    where the buttons are drawn before any)."""
+    plan_id = planned.record(stack, finished=True)
+    open_plans(page, stack)
+    page.locator(f"#plans tr[data-plan={plan_id}] button.link").click()
+    panel = page.locator(f"#plan-detail .plan[data-plan={plan_id}]")
+    table = panel.locator("table.plan-options")
+    expect(table).to_be_visible()
+    buttons = table.locator("button[data-action=apply]")
+    expect(buttons).to_have_count(sum(1 for o in planned.plan["options"] if o["applicable"]))
+    assert page.viewport_size["width"] == 1366
+    scroll = panel.locator(".table-scroll")
+    sizes = scroll.evaluate("(box) => [box.scrollWidth, box.clientWidth]")
+    assert sizes[0] <= sizes[1], f"the table is {sizes[0]} px wide in a {sizes[1]} px box"
+    page_width = page.evaluate("() => [document.documentElement.scrollWidth, innerWidth]")
+    assert page_width[0] <= page_width[1], page_width
+    box = scroll.bounding_box()
+    right = min(box["x"] + box["width"], 1366)
+    for n in range(buttons.count()):
+        b = buttons.nth(n).bounding_box()
+        assert box["x"] <= b["x"] and b["x"] + b["width"] <= right, (
+            buttons.nth(n).get_attribute("data-option"), b, box)

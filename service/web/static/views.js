@@ -863,9 +863,13 @@ function planTable(plan, apply, stale, form) {
     el("tbody", {}, options.map((o) => optionRow(o, onApply)))));
 }
 
-/** "t2i 1.5% · i2t 0.0%" of a per-direction value. */
+/** ["t2i 1.5%", "i2t 0.0%"] of a per-direction value. */
 const perDirection = (v, format) => (isObject(v) ? DIRECTIONS.filter(([d]) => d in v)
-  .map(([d]) => `${d} ${format(v[d])}`).join(" · ") : "–");
+  .map(([d]) => `${d} ${format(v[d])}`) : []);
+
+/** A cell's parts one under the other: the columns stay narrow enough for the table,
+ * its Apply column included, to fit a laptop screen (1366 px) without scrolling. */
+const stacked = (parts) => (parts.length ? parts.map((part) => el("div", {}, part)) : "–");
 
 function optionRow(o, onApply) {
   const latency = o.added_latency_ms;
@@ -876,13 +880,13 @@ function optionRow(o, onApply) {
       el("div", {class: "small muted"}, o.label ?? "")),
     DIRECTIONS.map(([d]) => el("td", {class: "num", "data-field": `share-${d}`},
       gainText(gainOf(o.share?.[d])))),
-    el("td", {class: "num small"}, perDirection(o.negative_flip, pct)),
+    el("td", {class: "num small"}, stacked(perDirection(o.negative_flip, pct))),
     el("td", {class: "num small"}, isObject(latency)
-      ? `text ${fmt(latency.text)} · image ${fmt(latency.image)}` : "–"),
+      ? stacked([`text ${fmt(latency.text)}`, `image ${fmt(latency.image)}`]) : "–"),
     el("td", {class: "num", title: `${fmt(o.compute?.seconds)} s`}, times(o.compute?.fraction),
       el("div", {class: "small muted"}, duration(o.compute?.seconds))),
-    el("td", {class: "num small"}, storage ? `gallery ${bytes(storage.gallery_bytes)} · ` +
-      `model ${bytes(storage.model_bytes)}` : "–"),
+    el("td", {class: "num small"}, storage ? stacked([`gallery ${bytes(storage.gallery_bytes)}`,
+      `model ${bytes(storage.model_bytes)}`]) : "–"),
     el("td", {class: "small"}, o.why_not ?? "",
       o.note ? el("div", {class: "muted"}, o.note) : null),
     el("td", {class: "actions"}, onApply && o.applicable ? el("button", {type: "button",
