@@ -7,6 +7,7 @@ where something must be re-embedded, a real Celery worker process.
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 import pytest
@@ -17,9 +18,9 @@ from test_worker import wait_for, worker_process
 
 from service.jobkinds.migrate.lifecycle import OPERATOR, TRANSITIONS, allowed, phase_of, require
 from service.state.errors import Conflict
+from service.state.jobs.store import Job
 from service.state.jobs.workers import write_beat
 from service.state.registry.index import utc_now
-from service.state.jobs.store import Job
 from service.state.registry.records import Migration, Side
 
 # The operator's actions each phase allows: the specification the table must keep.
@@ -88,14 +89,15 @@ def test_a_rolled_back_migration_allows_by_its_backfill() -> None:
 
 
 # ------------------------------------------------------------------ through the gateway
-def _serving(client, transformed: int) -> dict:
-    """A migration put in phase ``serving`` without a worker: its job's shard stays queued,
-    the target side holds every item (the first ``transformed`` marked as transformed, as
-    a progressive switch leaves them), and the registry switches as the applier does."""
+def _filled(client, transformed: int, switched: bool = True, **params: object) -> dict:
+    """A migration whose target side is filled without a worker: its job's shard stays
+    queued, the target side holds every item (the first ``transformed`` marked as
+    transformed, as a transform leaves them), and with ``switched`` the registry switches
+    as the applier does (phase ``serving``)."""
     gw = client.app.state.gateway  # type: ignore[attr-defined]
     # A worker is seen (its heartbeat record) but busy elsewhere: the shard stays queued.
     write_beat(gw.settings, "busy@elsewhere", utc_now())
-    started = migrate(client, shards=1, batch_size=8)
+    started = migrate(client, shards=1, batch_size=8, **params)
     view = migration(client)
     source, target = view["source"]["collection"], view["target"]["collection"]
     points, _ = gw.store.client.scroll(source, limit=10_000, with_payload=True,
@@ -105,10 +107,88 @@ def _serving(client, transformed: int) -> dict:
         id=p.id, vector=p.vector, payload={**p.payload, **({"made": made} if n < transformed
                                                            else {})})
         for n, p in enumerate(points)])
-    gw.registry.switch_migration("shapes", by="test", reason="progressive (test)")
-    gw.store.point_alias("shapes", target)
-    assert migration(client)["phase"] == "serving"
+    if switched:
+        gw.registry.switch_migration("shapes", by="test", reason="progressive (test)")
+        gw.store.point_alias("shapes", target)
+        assert migration(client)["phase"] == "serving"
     return started
+
+
+def _serving(client, transformed: int) -> dict:
+    return _filled(client, transformed)
+
+
+PROGRESSIVE = {"transform": True, "switch": "progressive", "sample": 8,
+               "transform_config": {"method": "procrustes"}}
+
+
+def test_the_switch_counts_re_embedded_items_on_the_side_not_writes(
+        micro_versions, world, up_version, tmp_path) -> None:
+    """Finding 10: a restarted shard's writes are counted twice (``applied``); the switch
+    reads the side: 8 of 48 items re-embedded is below a switch point of 50%, whatever the
+    write count says."""
+    from test_migration import ITEMS
+
+    with migrating_stack(tmp_path, micro_versions, world, up_version) as (client, _):
+        started = _filled(client, transformed=40, switched=False, **PROGRESSIVE)
+        gw = client.app.state.gateway  # type: ignore[attr-defined]
+        gw.jobs.update(started["id"], lambda j: j.merged(result={
+            "backfill_planned": True, "switch_at": 0.5, "applied": 2 * ITEMS}))
+        for _ in range(15):  # the applier ticks every 0.2 s
+            assert migration(client)["state"] == "backfilling"
+            time.sleep(0.2)
+        view = migration(client)
+        assert view["state"] == "backfilling" and view["progress"]["switched_at"] is None
+
+
+def test_after_a_switch_the_side_is_checked_again_and_switched_back(
+        micro_versions, world, up_version, tmp_path) -> None:
+    """Finding 1: after a progressive switch the applier measures the side as it stands
+    (the validation items at the current fraction among items read from the gallery's
+    two sides) against the route; below it beyond the error, the route serves again."""
+    import numpy as np
+
+    from service.jobkinds.migrate.transform import VALIDATION, Simulation
+    from training.upgrades.transform.simulate import Items, Queries
+
+    with migrating_stack(tmp_path, micro_versions, world, up_version) as (client, _):
+        started = _filled(client, transformed=20, **PROGRESSIVE)
+        gw = client.app.state.gateway  # type: ignore[attr-defined]
+        rng = np.random.default_rng(0)
+        n, dim = 80, 32
+
+        def unit(rows: int) -> np.ndarray:
+            v = rng.normal(size=(rows, dim)).astype(np.float32)
+            return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+        # The route finds every validation item (its queries are the items' OLD vectors);
+        # NEW's queries and vectors are unrelated: the side is far below the route.
+        old = {"image": unit(n), "text": unit(n)}
+        items = Items(old, {"image": unit(n), "text": unit(n)}, {"image": unit(n),
+                                                                   "text": unit(n)})
+        eye = np.eye(n, dtype=bool)
+        queries = Queries(new={"text": unit(n), "image": unit(n)},
+                          routed={"text": old["image"].copy(), "image": old["text"].copy()},
+                          old={"text": old["image"].copy(), "image": old["text"].copy()},
+                          relevant={"t2i": eye, "i2t": eye})
+        sim = Simulation(items, queries, {"image": list(range(n)), "text": list(range(n))},
+                         {"t2i": np.arange(n), "i2t": np.arange(n)}, n)
+        sim.save(gw.jobs.work_dir(started["id"]) / VALIDATION, "random", ["t2i", "i2t"])
+        gw.jobs.update(started["id"], lambda j: j.merged(result={
+            "backfill_planned": True, "switch_at": 0.2, "switched_at_fraction": 0.2}))
+        view = wait_for(lambda: (v := migration(client))["state"] == "backfilling" and v,
+                        60, "the switch back")
+        assert view["phase"] == "backfilling" and view["serving_space"] == "v1"
+        check = view["result"]["checks"][-1]
+        assert check["below"] is True and check["fraction"] >= 0.2
+        assert check["R@1"]["t2i"]["routed"] > check["R@1"]["t2i"]["side"]
+        assert view["result"]["switched_back_at_fraction"] == check["fraction"]
+        history = client.get("/v1/galleries/shapes", headers=ADMIN).json()["history"]
+        assert history[-1]["action"] == "migration-switch-back"
+        assert "below the route beyond the error" in history[-1]["reason"]
+        for _ in range(10):  # no second progressive switch after a switch back
+            time.sleep(0.2)
+            assert migration(client)["state"] == "backfilling"
 
 
 def test_a_failed_end_gate_after_a_progressive_switch_fails_and_switches_back(

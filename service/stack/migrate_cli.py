@@ -4,7 +4,7 @@ standard library only (``urllib.request``), so it runs wherever the package is i
 
     nobackfill migrate start --gallery demo --transform --order learned --switch progressive
     nobackfill migrate status --gallery demo [--json]
-    nobackfill migrate switch|rollback|retire|cancel --gallery demo
+    nobackfill migrate switch|rollback|retire|cancel|resume --gallery demo
 
 The gateway is ``--gateway`` (default ``$NOBACKFILL_GATEWAY``, else http://127.0.0.1:8000)
 and the admin key ``--key`` (default ``$NOBACKFILL_API_KEY``). An error answer of the
@@ -30,7 +30,7 @@ from service.stack.http_cli import (  # noqa: F401  (re-exported: the names this
 from service.stack.http_cli import pct as _pct
 from service.stack.http_cli import share as _share
 
-ACTIONS = ("start", "status", "switch", "rollback", "retire", "cancel")
+ACTIONS = ("start", "status", "switch", "rollback", "retire", "cancel", "resume")
 
 
 def migration_path(gallery: str, action: str = "") -> str:
@@ -86,6 +86,8 @@ def status_rows(view: dict[str, Any]) -> list[tuple[str, str]]:
         switch = "at the end" if view.get("state") == "backfilling" else "–"
     transform = p.get("transform") if isinstance(p.get("transform"), dict) else None
     rows = [("gallery", text(view.get("gallery"))), ("state", text(view.get("state"))),
+            ("phase", text(view.get("phase"))),
+            ("allowed now", ", ".join(view.get("options") or []) or "–"),
             ("job", f"{text(view.get('job'))} ({text(view.get('job_status'))})"),
             ("sides", (f"{text(source.get('space'))} -> {text(target.get('space'))} "
                       f"with {text(view.get('version'))}")),
@@ -108,6 +110,8 @@ def status_rows(view: dict[str, Any]) -> list[tuple[str, str]]:
     result = view.get("result") if isinstance(view.get("result"), dict) else {}
     if result.get("switch_refused"):
         rows.append(("not switched", str(result["switch_refused"])))
+    if view.get("job_error"):
+        rows.append(("job error", str(view["job_error"])))
     return rows
 
 
@@ -133,9 +137,12 @@ def run(args: argparse.Namespace, out: Any = None) -> int:
             answer = call(gateway, "POST", migration_path(gallery, "retire"), key)
             return shown(answer, args.json, out, f"retired: the {answer['dropped']['space']} "
                          f"side of {gallery} was deleted; it serves in space {answer['space']}")
+        elif args.action == "resume":
+            view = call(gateway, "POST", migration_path(gallery, "resume"), key)
         else:  # cancel
             call(gateway, "POST", migration_path(gallery, "cancel"), key)
-            print(f"cancelled the migration of {gallery}: its new side is dropped", file=out)
+            print(f"cancelled the migration of {gallery}: before a switch its new side is "
+                  f"dropped; after one the backfill stops (resume it)", file=out)
             return 0
     except GatewayError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -183,6 +190,9 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
     rollback = actions.add_parser("rollback", parents=[common], help="serve the old side again")
     rollback.add_argument("--reason")
     actions.add_parser("retire", parents=[common], help="delete the side that does not serve")
-    actions.add_parser("cancel", parents=[common], help="stop the migration before the "
-                                                        "switch; its new side is dropped")
+    actions.add_parser("cancel", parents=[common], help="before the switch: stop the "
+                       "migration and drop its new side; after a progressive switch: stop "
+                       "the backfill (resumable)")
+    actions.add_parser("resume", parents=[common], help="go on with a backfill stopped after "
+                                                        "a switch")
     p.set_defaults(func=run)
