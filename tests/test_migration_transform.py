@@ -215,3 +215,33 @@ def test_a_killed_worker_resumes_the_ordered_backfill(micro_versions, world, up_
         assert store.count(target) == ITEMS
         assert all(m.get("by") == "embed" for m in target_made(client, target).values())
         assert len(order) == ITEMS - 8
+
+
+def test_an_image_only_gallery_decides_its_switch_on_text_to_image_alone(
+        micro_versions, world, up_trained, tmp_path) -> None:
+    """Finding 9: a gallery of images and no captions serves text->image only; its curve
+    scores that direction alone (the job record says so), not image->text against caption
+    vectors that were never transformed."""
+    from test_migration import add, world_items
+
+    with migrating_stack(tmp_path, micro_versions, world, up_trained) as (client, values), \
+            worker_process(values, tmp_path / "worker.log") as proc:
+        r = client.post("/v1/galleries/shapes/items/delete", headers=ADMIN,
+                        json={"ids": [f"w{i}" for i in range(ITEMS)]})
+        assert r.status_code == 200, r.text
+        add(client, [{k: v for k, v in item.items() if k != "text"}
+                     for item in world_items(world, range(ITEMS), prefix="img")])
+        migrate(client, shards=1, batch_size=8, rate_limit=4, transform=True, sample=8,
+                order="random", switch="progressive",
+                transform_config={"method": "procrustes"})
+        view = wait_for(lambda: (v := migration(client))["progress"].get("curve") and v, 120,
+                        "the validation curve", proc)
+        p = view["progress"]
+        assert view["result"]["curve_directions"] == ["t2i"]
+        assert all(set(point) == {"fraction", "t2i"} for point in p["curve"])
+        assert set(p["routed"]) == {"t2i"}
+        validation = view["result"]["curve_validation"]
+        assert validation["directions"] == ["t2i"] and set(validation["distractors"]) == {
+            "image"}
+        r = client.post("/v1/galleries/shapes/migration/cancel", headers=ADMIN)
+        assert r.status_code in (204, 409), r.text
