@@ -459,8 +459,13 @@ function migrationCalls(view) {
     retire: () => call("retire", {path: migrationPath(gallery, "retire"), method: "POST"},
       (r) => `Retired: the ${r.dropped.space} side of ${gallery} was deleted; it stays in ` +
         `space ${r.space}.`),
-    cancel: () => call("cancel", {path: `/v1/jobs/${enc(view.job)}`, method: "DELETE"},
-      () => `Asked migration job ${view.job} to stop; its new side is dropped.`),
+    cancel: () => call("cancel", {path: migrationPath(gallery, "cancel"), method: "POST"},
+      () => view.state === "backfilling"
+        ? `Asked migration job ${view.job} to stop; its new side is dropped.`
+        : `Asked migration job ${view.job} to stop; the sides stay (resume it later).`),
+    resume: () => call("resume", {path: migrationPath(gallery, "resume"), method: "POST"},
+      (m) => `The backfill of ${gallery} goes on (${m.result?.resumed_items ?? "?"} item(s) ` +
+        `left to re-embed).`),
   };
 }
 

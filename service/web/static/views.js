@@ -490,6 +490,11 @@ export function duration(seconds) {
 
 /** Which operator calls apply to a migration (GET .../migration) in its state. */
 export function migrationActions(view) {
+  if (Array.isArray(view?.options)) {  // the server's state machine says what is allowed
+    const allowed = new Set(view.options);
+    return Object.fromEntries(["cancel", "switch", "rollback", "retire", "resume"].map(
+      (a) => [a, allowed.has(a)]));
+  }
   const result = isObject(view?.result) ? view.result : {};
   const running = ACTIVE.has(view?.job_status) || view?.job_status === "applying";
   return {
@@ -537,6 +542,10 @@ export function migrationPanel(view, on, form = {}) {
       el("dd", {"data-field": k}, v === null || v === undefined ? "–" : String(v))])),
     migrationGate(view.gate),
     Array.isArray(p.curve) && p.curve.length ? migrationCurve(p, view) : null,
+    view.phase ? el("p", {class: "small", "data-field": "phase"},
+      el("strong", {}, view.phase), ` · ${view.phase_note ?? ""}`) : null,
+    view.job_error ? el("p", {class: "bad-text small", "data-field": "job-error"},
+      view.job_error) : null,
     result.switch_refused ? el("p", {class: "bad-text small", "data-field": "switch-refused"},
       `not switched: ${result.switch_refused}`) : null,
     unreadable.length ? el("details", {class: "small"},
@@ -719,7 +728,9 @@ function migrationControls(view, actions, on, form, unreadable) {
       () => on.rollback(text())) : null,
     actions.retire ? button("retire", `Retire the ${view.state === "switched"
       ? view.source?.space : view.target?.space} side`, () => on.retire()) : null,
-    actions.cancel ? button("cancel", "Cancel migration", () => on.cancel()) : null);
+    actions.resume ? button("resume", "Resume the backfill", () => on.resume(), true) : null,
+    actions.cancel ? button("cancel", view.state === "backfilling" ? "Cancel migration"
+      : "Stop the backfill", () => on.cancel()) : null);
 }
 
 // ------------------------------------------------------------------ upgrade plans
