@@ -197,7 +197,8 @@ def test_a_migration_simulated_on_whole_items_is_scored_against_its_own_baseline
     whole_old = {"t2i": old["t2i"], "i2t": rng.random(100) < 0.3}  # fewer captions to hit
     whole_new = {"t2i": new["t2i"], "i2t": rng.random(100) < 0.6}
     plan_scorer, whole = Scorer(old, new, seed=0), Scorer(whole_old, whole_new, seed=0)
-    assert all(np.array_equal(plan_scorer.weights[d], whole.weights[d]) for d in q)  # paired
+    assert all(np.array_equal(plan_scorer.resample[d].counts, whole.resample[d].counts)
+               for d in q)  # paired
     half = {d: np.where(np.arange(len(whole_new[d])) % 2 == 0, whole_new[d], whole_old[d])
             for d in q}
     served = {f: whole_new if f >= 1.0 else half for f in GRID}

@@ -13,8 +13,13 @@ from training.upgrades.transform.order import order_items, spearman
 from training.upgrades.transform.simulate import (
     Items,
     Queries,
+    beats,
     curve,
     done_mask,
+    falls_below,
+    join,
+    joined_order,
+    pad_relevance,
     share,
     switch_fraction,
 )
@@ -153,30 +158,134 @@ def test_a_share_of_the_gain_carries_its_bootstrap_error() -> None:
     assert share(hits, "half", "t2i") == {"share": None, "se": None}
 
 
+def tiled(queries: Queries, copies: int) -> Queries:
+    """Every query ``copies`` times (each copy its own unit): the same outcomes, measured
+    on enough queries to tell a one-query-in-four lead from noise."""
+    def rep(per: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {k: np.tile(v, (copies, 1)) for k, v in per.items()}
+    return Queries(rep(queries.new), rep(queries.routed), rep(queries.old),
+                   rep(queries.relevant))
+
+
 def test_the_progressive_switch_point_is_where_the_side_beats_the_route_for_good() -> None:
-    """A built case each way: the side beats the route from 75% on; a side that never
-    beats it (the route is as good as NEW) gives no switch point."""
+    """A built case each way, every query 100 times: the side beats the route from 75% on;
+    a side that never beats it (the route is as good as NEW) gives no switch point."""
     items, queries = built_world()
     grid = (0.0, 0.25, 0.5, 0.75, 1.0)
-    hits = curve(items, queries, {"fwd": [0, 1, 2, 3]}, grid, hybrid=False)
+    hits = curve(items, tiled(queries, 100), {"fwd": [0, 1, 2, 3]}, grid, hybrid=False)
     # At 3/4 the side answers [T, T, T, F], as the route does: a tie does not switch.
     assert switch_fraction(hits, "fwd", grid) == 1.0
     weaker = Queries(queries.new, {"text": np.stack([np.eye(4, dtype=np.float32)[i]
                                                      for i in (0, 1, 0, 0)])},
                      queries.old, queries.relevant)  # the route answers items 0-1
-    hits = curve(items, weaker, {"fwd": [0, 1, 2, 3]}, grid, hybrid=False)
+    hits = curve(items, tiled(weaker, 100), {"fwd": [0, 1, 2, 3]}, grid, hybrid=False)
     assert switch_fraction(hits, "fwd", grid) == 0.75
     perfect = Queries(queries.new, {"text": np.eye(4, dtype=np.float32)}, queries.old,
                       queries.relevant)
-    hits = curve(items, perfect, {"fwd": [0, 1, 2, 3]}, grid, hybrid=False)
+    hits = curve(items, tiled(perfect, 100), {"fwd": [0, 1, 2, 3]}, grid, hybrid=False)
     assert switch_fraction(hits, "fwd", grid) is None
     # A dip after the first winning point moves the switch past the dip.
-    dip = {"routed": {"t2i": np.array([True, False])},
-           **{f"side o {f:g}": {"t2i": np.array(v)} for f, v in
+    dip = {"routed": {"t2i": np.repeat([True, False], 100)},
+           **{f"side o {f:g}": {"t2i": np.repeat(v, 100)} for f, v in
               ((0.0, [True, True]), (0.5, [False, False]), (1.0, [True, True]))}}
     assert switch_fraction(dip, "o", (0.0, 0.5, 1.0)) == 1.0
     # The flip bound: beating on R@1 while losing a query the route answered is refused.
-    flip = {"routed": {"t2i": np.array([True, False, False])},
-            "side o 0": {"t2i": np.array([False, True, True])}}
+    flip = {"routed": {"t2i": np.repeat([True, False, False], 100)},
+            "side o 0": {"t2i": np.repeat([False, True, True], 100)}}
     assert switch_fraction(flip, "o", (0.0,)) == 0.0
     assert switch_fraction(flip, "o", (0.0,), max_negative_flip=0.1) is None
+
+
+def test_a_side_that_leads_the_route_within_the_error_does_not_switch() -> None:
+    """The same built world on its four queries: at 3/4 the side answers one query more
+    than the route (0.75 against 0.5), a lead a bootstrap of four queries cannot tell
+    from noise (the strict ``>`` of point estimates switched there); at the end it
+    answers two more (1.0 against 0.5), beyond the error."""
+    items, queries = built_world()
+    grid = (0.0, 0.25, 0.5, 0.75, 1.0)
+    weaker = Queries(queries.new, {"text": np.stack([np.eye(4, dtype=np.float32)[i]
+                                                     for i in (0, 1, 0, 0)])},
+                     queries.old, queries.relevant)
+    hits = curve(items, weaker, {"fwd": [0, 1, 2, 3]}, grid, hybrid=False)
+    assert hits["side fwd 0.75"]["t2i"].mean() > hits["routed"]["t2i"].mean()
+    assert switch_fraction(hits, "fwd", grid) == 1.0
+    assert switch_fraction(hits, "fwd", grid, alpha=0.45) == 0.75  # a lax test takes it
+
+
+def lead_hits(gained: int, lost: int, items: int = 100, captions: int = 5,
+              ) -> dict[str, dict[str, np.ndarray]]:
+    """``routed`` and ``side o 0`` over ``items`` items with ``captions`` identical caption
+    queries each: the side wins ``gained`` items the route misses and loses ``lost`` it
+    hits (the rest: both hit the even items)."""
+    route = np.arange(items) % 2 == 0
+    side = route.copy()
+    misses, hits_ = np.flatnonzero(~route), np.flatnonzero(route)
+    side[misses[:gained]] = True
+    side[hits_[:lost]] = False
+    return {"routed": {"t2i": np.repeat(route, captions)},
+            "side o 0": {"t2i": np.repeat(side, captions)}}
+
+
+def test_the_switch_tests_the_lead_over_items_not_caption_rows() -> None:
+    """A lead of 5 items in 100 (9 won, 4 lost), each item's five captions answered
+    alike: beyond the error over 500 caption rows, within it over the 100 items."""
+    hits = lead_hits(9, 4)
+    owners = {"t2i": np.repeat(np.arange(100), 5)}
+    assert switch_fraction(hits, "o", (0.0,)) == 0.0
+    assert switch_fraction(hits, "o", (0.0,), units=owners) is None
+    assert switch_fraction(lead_hits(30, 0), "o", (0.0,), units=owners) == 0.0
+
+
+def test_the_switch_needs_every_direction_asked_for() -> None:
+    """The side beats the route in t2i and ties it in i2t: no switch over both directions;
+    a gallery that serves only text->image switches."""
+    t2i = lead_hits(30, 0)
+    tie = np.arange(500) % 2 == 0
+    hits = {"routed": {"t2i": t2i["routed"]["t2i"], "i2t": tie},
+            "side o 0": {"t2i": t2i["side o 0"]["t2i"], "i2t": tie}}
+    assert switch_fraction(hits, "o", (0.0,)) is None
+    assert switch_fraction(hits, "o", (0.0,), directions=("t2i",)) == 0.0
+    with pytest.raises(ConfigError, match="no hits for"):
+        switch_fraction(hits, "o", (0.0,), directions=("x2y",))
+
+
+def test_a_side_falls_below_the_route_only_beyond_the_error() -> None:
+    owners = {"t2i": np.repeat(np.arange(100), 5)}
+    below = lead_hits(0, 30)
+    assert falls_below(below, "side o 0", "routed", units=owners)
+    assert not falls_below(lead_hits(4, 9), "side o 0", "routed", units=owners)  # noise
+    assert falls_below(lead_hits(4, 9), "side o 0", "routed")  # over rows it would be
+    assert not falls_below(lead_hits(30, 0), "side o 0", "routed", units=owners)
+    assert beats(lead_hits(30, 0), "side o 0", "routed", "t2i", owners)
+
+
+def test_distractors_join_the_items_and_are_re_embedded_in_step() -> None:
+    """Validation items plus distractors: rows after the items, relevant to no query, and
+    the same share of each re-embedded at every fraction, each in its own order."""
+    items, queries = built_world()
+    extra = np.eye(4, dtype=np.float32)[[3, 2, 1, 0]] * 0.5
+    dist = Items({"image": extra}, {"image": extra}, {"image": extra})
+    joined = join(items, dist)
+    assert joined.old["image"].shape == (8, 4) and len(joined) == 8
+    assert np.array_equal(joined.transformed["image"][4:], extra)
+    rel = pad_relevance(queries.relevant, 4)["t2i"]
+    assert rel.shape == (4, 8) and not rel[:, 4:].any() and rel[:, :4].all() == np.eye(4).all()
+    order = joined_order([2, 0, 1, 3], [1, 0, 3, 2])
+    assert sorted(order) == list(range(8))
+    for f in (0.25, 0.5, 0.75, 1.0):
+        done = done_mask(order, 8, f)
+        assert done[:4].sum() == round(f * 4) and done[4:].sum() == round(f * 4)
+    assert [r for r in order if r < 4] == [2, 0, 1, 3]
+    assert [r - 4 for r in order if r >= 4] == [1, 0, 3, 2]
+    uneven = joined_order(list(range(10)), list(range(3)))
+    for f in np.arange(0, 1.01, 0.05):
+        done = done_mask(uneven, 13, f)
+        assert abs(done[:10].sum() - f * 10) <= 1 and abs(done[10:].sum() - f * 3) <= 1
+    with pytest.raises(ConfigError, match="every one"):
+        joined_order([0, 0], [0])
+    with pytest.raises(ConfigError, match="kinds"):
+        join(items, Items({"text": extra}, {"text": extra}, {"text": extra}))
+    hits = curve(joined, Queries(queries.new, queries.routed, queries.old,
+                                 pad_relevance(queries.relevant, 4)),
+                 {"o": order}, (0.0, 1.0), hybrid=False)
+    assert hits["new->new"]["t2i"].all()  # the distractors (half as close) never win

@@ -77,7 +77,8 @@ def frontier_agreement(old: Any, new: Any, seed: int, args: argparse.Namespace,
     seed, same gallery, same K-item sample): ``bench frontier``'s code measures the draw,
     and the plan's code (``fit_routes``, ``transform_migrations``, ``Scorer``) measures the
     same embedded draw as its items and queries, the sample re-embedded first (it is part of
-    this gallery), its route the procrustes+slerp one (frontier's), at frontier's fractions.
+    this gallery), its route the procrustes+slerp one (frontier's), at frontier's fractions,
+    both with errors over the test items (each with its captions and image).
     Compared: the route alone, today's migration, and each order's side as it stands (the
     progressive migration's switch is reported: frontier chooses it on a separate
     validation draw, the plan on the set it measures)."""
@@ -96,14 +97,15 @@ def frontier_agreement(old: Any, new: Any, seed: int, args: argparse.Namespace,
     kinds = ("image", "text")
     emb = Embedded(item_old={k: e.vectors[f"old_{k}"] for k in kinds},
                    item_new={k: e.vectors[f"new_{k}"] for k in kinds},
-                   query_old=queries.old, query_new=queries.new, relevant=queries.relevant)
+                   query_old=queries.old, query_new=queries.new, relevant=queries.relevant,
+                   units=e.units(fargs.test))
     idx = fr.sample_rows(len(items), fargs.sample, seed)
     s_old = {k: emb.item_old[k][idx] for k in kinds}
     s_new = {k: emb.item_new[k][idx] for k in kinds}
     route = next(r for r in fit_routes(s_old, s_new, seed) if r.name == "route:procrustes+slerp")
     routed = route.queries(emb)
     scorer = Scorer(emb.hits(emb.query_old, emb.item_old), emb.hits(emb.query_new, emb.item_new),
-                    seed=seed)
+                    seed=seed, units=emb.units)
     fractions = measured["fractions"]
     side = transform_migrations(emb, s_old, s_new, {k: [i.id for i in items] for k in kinds},
                                 routed, seed, None, first=idx, grid=fractions)

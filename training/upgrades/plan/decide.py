@@ -3,12 +3,20 @@ constraints, chosen so that noise does not decide.
 
 Among the options that fit, taken from the cheapest (compute as a fraction of a full
 backfill; ties: the order they are listed), the choice moves to a dearer option only when
-its score (the objective: by default the lower of the two directions' shares of the
-gain) beats the current choice's by more than the standard error of the difference (a
-paired bootstrap over the validation queries). Options whose final score is within that
-error (every migration ends at the new model's full gain) are told apart by the gain they
-deliver while they run (the score averaged over the backfill), under the same rule. The
-same rule picks XBT's stage-2 checkpoint (``training.upgrades.xbt.selection``).
+a one-sided paired test says it beats the current choice: its score (the objective: by
+default the lower of the two directions' shares of the gain) leads by more than
+``z(1 - level)`` times the standard error of the difference (a paired bootstrap over the
+validation items, ``training.upgrades.transform.simulate.one_sided``). Options that end
+as high (neither beats the other so) are told apart the same way by the gain they
+deliver while they run (the score averaged over the backfill; every migration ends at
+the new model's full gain).
+
+The false-pick rate: each of the ``m`` tests the chain can run (one per dearer option,
+one more for each dearer option that could be told apart by its gain while it runs) is
+at ``alpha / m`` (Bonferroni). A false pick needs some test to say "beats" where the
+dearer option is no better; by the union bound that happens with probability at most
+``alpha`` (5%) over the whole chain. The same test picks XBT's stage-2 checkpoint
+(``training.upgrades.xbt.selection``).
 """
 
 from __future__ import annotations
@@ -19,11 +27,14 @@ from typing import Any
 import numpy as np
 
 from training.errors import ConfigError
+from training.upgrades.transform.simulate import ALPHA, one_sided, z_bound
 
 RULE = ("among the options that fit the constraints, from the cheapest: a dearer option is "
-        "chosen only when its score beats the choice so far by more than the bootstrap "
-        "standard error of the difference (paired over the validation queries); equal final "
-        "scores within that error are decided by the score averaged over the backfill")
+        "chosen only when a one-sided paired bootstrap test (over the validation items) says "
+        "its score beats the choice so far; options that end as high are decided the same way "
+        "by the score averaged over the backfill; each of the m tests the chain can run is at "
+        "5%/m (Bonferroni), so a dearer option of no greater true gain is picked at most 5% of "
+        "the time")
 
 
 @dataclass(frozen=True)
@@ -77,6 +88,7 @@ class Scored:
 
 
 def _se(a: np.ndarray | None, b: np.ndarray | None) -> float:
+    """The bootstrap standard error of ``a - b`` (paired draws; 0 without draws)."""
     if a is None or b is None:
         return 0.0
     diff = a - b
@@ -84,9 +96,48 @@ def _se(a: np.ndarray | None, b: np.ndarray | None) -> float:
     return float(ok.std(ddof=1)) if len(ok) > 1 else 0.0
 
 
-def recommend(options: list[Scored], constraints: Constraints) -> dict[str, Any]:
-    """``{"option", "why", "rejected": {name: reason}, "rule", "constraints"}``; ``option``
-    None when nothing measured fits (every reason then says why)."""
+@dataclass(frozen=True)
+class Level:
+    """The per-test level of a chain of ``tests`` one-sided tests at family level
+    ``alpha`` (Bonferroni), and how each reason says it."""
+
+    alpha: float
+    tests: int
+
+    @property
+    def each(self) -> float:
+        return self.alpha / max(1, self.tests)
+
+    def says(self, se: float) -> str:
+        return (f"one-sided test at {self.alpha:.0%}: lead > {z_bound(self.each):.2f} x error "
+                f"{se:.3f}, {self.tests} test{'s' if self.tests != 1 else ''} at "
+                f"{self.each:.2%} each")
+
+
+def comparison_level(alpha: float, k: int, compared: int | None = None) -> float:
+    """The level of the ``k``-th (from 1) one-sided test of a chain whose family-wise
+    false-pick rate is ``alpha``: ``alpha / compared`` when the chain's length is known
+    (Bonferroni), else ``alpha / (k (k + 1))``, levels that sum to ``alpha`` over any
+    number of tests (a chain that does not know its length in advance: XBT's
+    checkpoints)."""
+    if compared is not None:
+        return alpha / max(1, compared)
+    return alpha / (k * (k + 1))
+
+
+def chain_tests(fit: list[Scored]) -> int:
+    """How many tests the chain over ``fit`` (cheapest first) can run: one per dearer
+    option, and one more where a dearer option with a curve may end as high as a cheaper
+    one with a curve (the tie-break by the gain while it runs)."""
+    tests = 0
+    for n, o in enumerate(fit[1:], 1):
+        tests += 1 + int(o.area is not None and any(p.area is not None for p in fit[:n]))
+    return tests
+
+
+def _fitting(options: list[Scored], constraints: Constraints,
+             ) -> tuple[list[Scored], dict[str, str]]:
+    """(the measured options that fit, cheapest first; the others with why not)."""
     rejected: dict[str, str] = {}
     fit: list[tuple[int, Scored]] = []
     for n, o in enumerate(options):
@@ -98,39 +149,52 @@ def recommend(options: list[Scored], constraints: Constraints) -> dict[str, Any]
             rejected[o.name] = "; ".join(broken)
         else:
             fit.append((n, o))
-    base = {"rule": RULE, "constraints": asdict(constraints)}
+    fit.sort(key=lambda pair: (pair[1].compute_fraction, pair[0]))
+    return [o for _, o in fit], rejected
+
+
+def _compare(best: Scored, o: Scored, level: Level, rejected: dict[str, str]) -> Scored:
+    """The choice after the dearer ``o`` meets the choice so far ``best``; the one left
+    out gets its reason in ``rejected``."""
+    assert o.score is not None and best.score is not None
+    se = _se(o.draws, best.draws)
+    lead = o.score - best.score
+    if one_sided(lead, se, level.each):
+        rejected[best.name] = (f"{o.name} gains more: {o.score:.3f} against {best.score:.3f}, "
+                               f"beyond the error ({level.says(se)})")
+        return o
+    if one_sided(-lead, se, level.each) or o.area is None or best.area is None:
+        rejected[o.name] = (f"not better than the cheaper {best.name} beyond the error: "
+                            f"{o.score:.3f} against {best.score:.3f} ({level.says(se)})")
+        return best
+    area_se = _se(o.area_draws, best.area_draws)
+    if one_sided(o.area - best.area, area_se, level.each):
+        rejected[best.name] = (f"{o.name} ends as high (neither beats the other beyond the "
+                               f"error {se:.3f}) and delivers more while it runs: "
+                               f"{o.area:.3f} against {best.area:.3f} averaged over the "
+                               f"backfill, beyond the error ({level.says(area_se)})")
+        return o
+    rejected[o.name] = (f"ends as high as the cheaper {best.name} and delivers no more while "
+                        f"it runs beyond the error: {o.area:.3f} against {best.area:.3f} "
+                        f"averaged over the backfill ({level.says(area_se)})")
+    return best
+
+
+def recommend(options: list[Scored], constraints: Constraints,
+              alpha: float = ALPHA) -> dict[str, Any]:
+    """``{"option", "why", "rejected": {name: reason}, "rule", "constraints", "alpha"}``;
+    ``option`` None when nothing measured fits (every reason then says why). ``alpha``:
+    the chain's false-pick rate (module docstring)."""
+    fit, rejected = _fitting(options, constraints)
+    base = {"rule": RULE, "constraints": asdict(constraints), "alpha": alpha}
     if not fit:
         return {**base, "option": None, "rejected": rejected,
                 "why": "no measured option fits the constraints"}
-    fit.sort(key=lambda pair: (pair[1].compute_fraction, pair[0]))
-    best = fit[0][1]
-    for _, o in fit[1:]:
-        assert o.score is not None and best.score is not None
-        se = _se(o.draws, best.draws)
-        lead = o.score - best.score
-        if lead > se:
-            rejected[best.name] = (f"{o.name} gains more: {o.score:.3f} against "
-                                   f"{best.score:.3f}, beyond the error {se:.3f}")
-            best = o
-            continue
-        if abs(lead) <= se and o.area is not None and best.area is not None:
-            area_se = _se(o.area_draws, best.area_draws)
-            if o.area - best.area > area_se:
-                rejected[best.name] = (f"{o.name} ends as high (within {se:.3f}) and delivers "
-                                       f"more while it runs: {o.area:.3f} against "
-                                       f"{best.area:.3f} averaged over the backfill, beyond "
-                                       f"the error {area_se:.3f}")
-                best = o
-                continue
-            rejected[o.name] = (f"ends as high as the cheaper {best.name} and delivers no "
-                                f"more while it runs beyond the error: {o.area:.3f} against "
-                                f"{best.area:.3f} averaged over the backfill (error "
-                                f"{area_se:.3f})")
-            continue
-        rejected[o.name] = (f"not better than the cheaper {best.name} beyond the error: "
-                            f"{o.score:.3f} against {best.score:.3f} (error {se:.3f})")
+    level = Level(alpha, chain_tests(fit))
+    best = fit[0]
+    for o in fit[1:]:
+        best = _compare(best, o, level, rejected)
     assert best.score is not None
     why = (f"{best.name}: the largest gain that fits ({best.score:.3f}, compute "
            f"{best.compute_fraction:.3g} of a full backfill)")
     return {**base, "option": best.name, "why": why, "rejected": rejected}
-

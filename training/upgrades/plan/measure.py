@@ -10,12 +10,13 @@ stored OLD vectors and NEW's embeddings of the same sources). From them:
 - **migrations**: today's (the route serves until every item is re-embedded) and, with
   the gallery-side transform fitted OLD -> NEW on the same sample, a progressive one per
   backfill order (learned, random): the side as it stands at each fraction (transformed
-  items, the first ``f`` of the order re-embedded) serves from the first fraction where it
-  beats the route in both directions (``simulate.switch_fraction``).
+  items, the first ``f`` of the order re-embedded) serves from the first fraction from
+  which it beats the route beyond the error in both directions (``simulate.switch_fraction``:
+  a one-sided paired test at 5%, the validation items bootstrapped).
 
 Each option keeps its per-query top-1 hits (at the end, and for a migration at each
 fraction of ``GRID``), so the shares, their bootstrap errors and the paired errors of
-differences (``Scorer``) come from one draw of the queries for every option.
+differences (``Scorer``) come from one draw of the validation items for every option.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from training.upgrades.transform.simulate import (
     DIRECTIONS,
     Items,
     Queries,
+    UnitDraws,
     curve,
     switch_fraction,
     top1_hits,
@@ -52,13 +54,16 @@ MIGRATION_ORDERS = ("learned", "random")  # the progressive migrations a plan si
 class Embedded:
     """The validation set embedded: per kind the items' vectors by OLD (``item_old``, as the
     gallery stores them) and by NEW (``item_new``); per query kind the queries by OLD and
-    NEW; per direction the relevance [Q, N] of the queries to the items."""
+    NEW; per direction the relevance [Q, N] of the queries to the items; per direction
+    the unit each query's error is drawn by (``units``: [Q] ids, a t2i query's the item its
+    caption belongs to, an i2t query's its own item; None: each query its own unit)."""
 
     item_old: Mapping[str, np.ndarray]
     item_new: Mapping[str, np.ndarray]
     query_old: Mapping[str, np.ndarray]
     query_new: Mapping[str, np.ndarray]
     relevant: Mapping[str, np.ndarray]
+    units: Mapping[str, np.ndarray] | None = None
 
     def hits(self, queries: Mapping[str, np.ndarray], items: Mapping[str, np.ndarray],
              ) -> dict[str, np.ndarray]:
@@ -163,7 +168,7 @@ def migration_options(emb: Embedded, routed: Mapping[str, np.ndarray],
     if transformed is None:
         return out
     for order in orders:
-        switch = switch_fraction(hits, order, grid, max_negative_flip)
+        switch = switch_fraction(hits, order, grid, max_negative_flip, units=emb.units)
         side = {f: hits[f"side {order} {f:g}"] for f in grid}
         out[f"migrate:transform+{order}"] = (
             {f: side[f] if switch is not None and f >= switch else hits["routed"]
@@ -201,24 +206,21 @@ def backfill_orders(names: Mapping[str, Sequence[str]], scores: Mapping[str, np.
 
 class Scorer:
     """Shares of the gain with bootstrap errors, paired over one draw of the validation
-    queries for every option: the share of option A and of option B in draw r come from
-    the same resampled queries, so the error of their difference is what tells them apart."""
+    set for every option: the share of option A and of option B in draw r come from the
+    same resampled queries, so the error of their difference is what tells them apart.
+
+    What is resampled is the unit (``units``: direction -> [Q] unit id of each query, e.g.
+    a caption's item and an image's own item; ``Embedded.units``): a draw takes items with
+    every query they own, in both directions at once (``UnitDraws.joint``). None: each
+    query its own unit, each direction drawn alone (the plain bootstrap over queries)."""
 
     def __init__(self, old_hits: Mapping[str, np.ndarray], new_hits: Mapping[str, np.ndarray],
-                 objective: str = "lower", boot: int = BOOT, seed: int = 0) -> None:
+                 objective: str = "lower", boot: int = BOOT, seed: int = 0,
+                 units: Mapping[str, np.ndarray] | None = None) -> None:
         if objective not in OBJECTIVES:
             raise ConfigError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
-        rng = np.random.default_rng(seed)
         self.objective = objective
-        # each draw as the count of every query in it: a draw's mean of any hits is then
-        # one row of a matrix product (one product scores all the draws of an option)
-        self.weights = {}
-        for d, hits in old_hits.items():
-            q = len(hits)
-            idx = rng.integers(0, q, (boot, q))
-            counts = np.bincount((idx + q * np.arange(boot)[:, None]).ravel(),
-                                 minlength=boot * q).reshape(boot, q)
-            self.weights[d] = counts.astype(np.float32) / q
+        self.resample = _resampled(old_hits, units, boot, seed)
         self._baseline(old_hits, new_hits)
 
     def _baseline(self, old_hits: Mapping[str, np.ndarray],
@@ -238,8 +240,8 @@ class Scorer:
         return out
 
     def _means(self, hits: np.ndarray, direction: str) -> np.ndarray:
-        """[boot] the mean of ``hits`` [Q] in each bootstrap draw of the queries."""
-        return (self.weights[direction] @ np.asarray(hits, np.float32)).astype(np.float64)
+        """[boot] the mean of ``hits`` [Q] in each bootstrap draw of the units."""
+        return self.resample[direction].means(direction, hits)
 
     def share(self, hits: Mapping[str, np.ndarray], direction: str) -> float | None:
         gain = self.gain[direction]
@@ -285,6 +287,21 @@ class Scorer:
         value = float(np.trapezoid([s[0] for s in scored], xs))
         draws = np.trapezoid(np.stack([s[1] for s in scored]), xs, axis=0)
         return value, draws
+
+
+def _resampled(hits: Mapping[str, np.ndarray], units: Mapping[str, np.ndarray] | None,
+               boot: int, seed: int) -> dict[str, UnitDraws]:
+    """Direction -> the draws its queries are scored on: one joint draw of the units for
+    every direction, or (no units) each direction's queries drawn alone, in turn from one
+    generator (the plain bootstrap)."""
+    if units is not None:
+        missing = [d for d in hits if d not in units]
+        if missing:
+            raise ConfigError(f"units are given for {sorted(units)}, not for {missing}")
+        joint = UnitDraws.joint({d: units[d] for d in hits}, boot, seed)
+        return {d: joint for d in hits}
+    rng = np.random.default_rng(seed)
+    return {d: UnitDraws.of(None, len(h), d, boot, rng) for d, h in hits.items()}
 
 
 def _std(draws: np.ndarray) -> float | None:
