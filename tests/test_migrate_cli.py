@@ -47,6 +47,11 @@ def test_start_sends_only_what_was_given_and_the_api_takes_it() -> None:
                     "transform_config": {"method": "affine"}, "auto_switch": False}
     parsed = MigrationIn.model_validate(body)
     assert parsed.transform and parsed.transform_config == {"method": "affine"}
+    body = migrate_cli.start_body(cli("start", "--gallery", "g", "--serving", "rerank",
+                                      "--rerank-k", "12"))
+    assert body == {"serving": "rerank", "rerank_k": 12}
+    assert MigrationIn.model_validate(body).serving == "rerank"
+    assert cli("resume", "--gallery", "g").action == "resume"
 
 
 def test_errors_of_a_real_gateway_are_printed_with_their_status(

@@ -58,6 +58,8 @@ class Serving:
     collection: str = ""  # "" only without an embedder
     others: tuple[OtherSide, ...] = ()
     migration: str | None = None  # the open migration's state, if any
+    reranks: bool = False  # the migration's serving mode is rerank (searches by default)
+    rerank_k: int | None = None  # its k (None: the server's rerank_k)
 
     def ready(self) -> Embedder:
         if self.embedder is None:
@@ -151,9 +153,12 @@ class Runtime:
                             for side in gallery.sides()[1:]])
         except Exception as exc:  # noqa: BLE001 - logged and counted; the old version serves on
             return self._keep_previous(gallery, exc)
+        m = gallery.migration
         return Serving(gallery.name, gallery.space, gallery.active, embedder,
                        collection=gallery.serving_side.collection, others=others,
-                       migration=gallery.migration.state if gallery.migration else None)
+                       migration=m.state if m else None,
+                       reranks=bool(m and m.serving == "rerank"),
+                       rerank_k=m.rerank_k if m else None)
 
     def _keep_previous(self, gallery: GalleryRecord, exc: Exception) -> Serving:
         """A version that fails to load never replaces one that works."""

@@ -42,7 +42,7 @@ def start_body(args: argparse.Namespace) -> dict[str, Any]:
     """The POST body of ``start``: only what was given, so the server's defaults apply."""
     body: dict[str, Any] = {}
     for name in ("shards", "batch_size", "rate_limit", "order", "switch", "sample",
-                 "validation", "seed"):
+                 "validation", "seed", "serving", "rerank_k"):
         value = getattr(args, name, None)
         if value is not None:
             body[name] = value
@@ -87,6 +87,8 @@ def status_rows(view: dict[str, Any]) -> list[tuple[str, str]]:
     transform = p.get("transform") if isinstance(p.get("transform"), dict) else None
     rows = [("gallery", text(view.get("gallery"))), ("state", text(view.get("state"))),
             ("phase", text(view.get("phase"))),
+            ("serving mode", text(view.get("serving")) + (
+                f" (k {view['rerank_k']})" if view.get("rerank_k") else "")),
             ("allowed now", ", ".join(view.get("options") or []) or "–"),
             ("job", f"{text(view.get('job'))} ({text(view.get('job_status'))})"),
             ("sides", (f"{text(source.get('space'))} -> {text(target.get('space'))} "
@@ -179,6 +181,10 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
                        help="the transform's map (transform_config.method)")
     start.add_argument("--validation", help="validation data (default: the gallery's)")
     start.add_argument("--seed", type=int)
+    start.add_argument("--serving", choices=("route", "rerank"), help="how searches are "
+                       "answered while the new side fills (rerank: the route's top candidates "
+                       "ranked by the new model, filled on read)")
+    start.add_argument("--rerank-k", type=int, help="candidates a reranked search ranks")
     start.add_argument("--no-auto-switch", action="store_true",
                        help="do not switch by itself at the end")
     actions.add_parser("status", parents=[common], help="the migration's progress")

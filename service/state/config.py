@@ -44,6 +44,11 @@ class Settings(BaseSettings):
         2.0, ge=0, le=10_000, description="how long a lone query waits for company when the "
         "device is idle (under load, batches fill while the previous forward runs)")
     top_k_max: int = Field(100, ge=1, le=10_000)
+    # Rerank on read (service/usecases/rerank.py): the route's candidates a search has NEW
+    # rank, and the time a search waits for NEW to embed the ones the new side lacks
+    # (past it, those keep the route's order; their embedding still finishes and fills).
+    rerank_k: int = Field(20, ge=1, le=1000)
+    rerank_budget_ms: float = Field(250.0, gt=0, le=60_000)
     max_image_pixels: int = Field(40_000_000, ge=1, description="larger images get 413")
     max_image_bytes: int = Field(20 * 2**20, ge=1, description="larger uploads get 413")
     decode_pixel_budget: int | None = Field(

@@ -31,6 +31,7 @@ from service.state.config import Settings
 from service.state.errors import Conflict, InvalidInput
 from service.state.gallery.store import Hit, Where
 from service.usecases.media import decode_image_async
+from service.usecases.rerank import rerank, rerank_side
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,10 @@ class Query:
     top_k: int = 10
     where: Where | None = None  # payload filter
     hybrid: bool = False  # score by both sides of an open migration (module docstring)
+    # rank the route's top candidates by the new model (service/usecases/rerank.py):
+    # None: as the gallery's migration serves; False: the route's order; True: rerank
+    rerank: bool | None = None
+    rerank_k: int | None = None  # None: the migration's k, else the server's rerank_k
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,7 @@ class Answer:
     space: str
     kind: str
     hits: list[Hit]
+    reranked: dict[str, Any] | None = None  # what a rerank did (``Reranked.to_json``)
 
 
 HYBRID_POOL = 4  # each side's candidates per hit asked for
@@ -61,7 +67,12 @@ async def search(gateway: Gateway, gallery: str, query: Query) -> Answer:
     serving = gateway.runtime.serving(gallery)
     embedder = serving.ready()  # 409 when the version has no route into the gallery's space
     if query.hybrid:
+        if query.rerank:
+            raise InvalidInput("give hybrid or rerank, not both")
         return await hybrid_search(gateway, serving, embedder, query)
+    if query.rerank or (query.rerank is None and serving.reranks
+                        and serving.migration == "backfilling"):
+        return await rerank_search(gateway, serving, embedder, query)
     vector = await embed_query(embedder, query, gateway.settings)
     hits = await gateway.searches.search(serving.collection, vector, query.kind, query.top_k,
                                          query.where)
@@ -87,6 +98,39 @@ async def embed_query(embedder: Embedder, query: Query, settings: Settings) -> n
     return await embedder.embed_pixels(pixels)
 
 
+async def both_queries(gateway: Gateway, embedders: tuple[Embedder, Embedder],
+                       query: Query) -> list[np.ndarray]:
+    """The query embedded by each of two embedders (an image decoded once)."""
+    image = None
+    if query.image is not None:
+        image = await decode_image_async(query.image, gateway.settings,
+                                         embedders[0].image_side)
+    vectors = []
+    for e in embedders:
+        if query.text is not None:
+            vectors.append(await e.embed_text(query.text))
+        else:
+            pixels = await asyncio.to_thread(e.pixels, image)
+            vectors.append(await e.embed_pixels(pixels))
+    return vectors
+
+
+async def rerank_search(gateway: Gateway, serving: Any, embedder: Embedder,
+                        query: Query) -> Answer:
+    """The route's top ``k`` candidates ranked by the new model (``rerank``); the answer's
+    ``top_k`` best of them, and what the rerank read, embedded and left in place."""
+    other = rerank_side(serving)
+    k = query.rerank_k or serving.rerank_k or gateway.settings.rerank_k
+    if k < query.top_k:
+        raise InvalidInput(f"rerank_k ({k}) must be at least top_k ({query.top_k})")
+    vectors = await both_queries(gateway, (embedder, other.embedder), query)
+    candidates = await gateway.searches.search(serving.collection, vectors[0], query.kind, k,
+                                               query.where)
+    hits, report = await rerank(gateway, serving, candidates, vectors[1], query.kind, k)
+    return Answer(serving.gallery, embedder.version, "rerank", serving.space, query.kind,
+                  hits[:query.top_k], report.to_json())
+
+
 async def hybrid_search(gateway: Gateway, serving: Any, embedder: Embedder,
                         query: Query) -> Answer:
     """Both sides of an open migration score every candidate (module docstring)."""
@@ -94,16 +138,7 @@ async def hybrid_search(gateway: Gateway, serving: Any, embedder: Embedder,
         raise Conflict(f"gallery '{serving.gallery}' has no migration: hybrid scoring needs "
                        f"two sides")
     other = serving.others[0]
-    image = None
-    if query.image is not None:
-        image = await decode_image_async(query.image, gateway.settings, embedder.image_side)
-    vectors = []
-    for e in (embedder, other.embedder):
-        if query.text is not None:
-            vectors.append(await e.embed_text(query.text))
-        else:
-            pixels = await asyncio.to_thread(e.pixels, image)
-            vectors.append(await e.embed_pixels(pixels))
+    vectors = await both_queries(gateway, (embedder, other.embedder), query)
     pool = min(query.top_k * HYBRID_POOL, max(query.top_k, gateway.settings.top_k_max))
     collections = (serving.collection, other.collection)
     found = [await gateway.searches.search(c, v, query.kind, pool, query.where)

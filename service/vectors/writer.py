@@ -20,6 +20,10 @@ it writes the batch into its job's spool, and the gateway's applier writes it wi
   was made (``Batch.made``). A backfill later replaces a transformed vector in place.
   Backfill and transform batches are written while the migration is open, whatever its
   state: a progressive switch serves the target side while its backfill goes on.
+- ``fill`` (a rerank's read-through fill, ``service.usecases.rerank``: vectors NEW
+  embedded for a search): as ``backfill`` (the source's etag must still be the one that
+  was read), but never over a vector NEW already embedded on the target side (only where
+  it holds nothing or a transformed vector).
 - thumbnails: a batch that carries its images replaces the items' thumbnails (an item
   stored without an image loses the thumbnail of the item it replaced).
 """
@@ -43,7 +47,7 @@ from service.state.registry import Registry
 from service.state.registry.records import GalleryRecord, Migration
 from service.state.thumbnails import ThumbnailStore, make_thumbnail
 
-MODES = ("upsert", "backfill", "transform")
+MODES = ("upsert", "backfill", "transform", "fill")
 
 
 @dataclass
@@ -124,7 +128,7 @@ class DirectWriter(GalleryWriter):
         with self.lock():
             sides = self.sides()
             applied = (self._upsert(sides, batch) if batch.mode == "upsert"
-                       else self._backfill(sides, batch, batch.mode == "transform"))
+                       else self._backfill(sides, batch, batch.mode))
             write_thumbnails(self.thumbnails, self.gallery, batch)
         return applied
 
@@ -138,7 +142,7 @@ class DirectWriter(GalleryWriter):
             self.store.upsert(sides.collections[space], items, batch.version, space)
         return Applied(written=len(batch.items), unreadable=tuple(batch.unreadable))
 
-    def _backfill(self, sides: Sides, batch: Batch, transform: bool = False) -> Applied:
+    def _backfill(self, sides: Sides, batch: Batch, mode: str = "backfill") -> Applied:
         m = sides.migration
         if m is None:
             return Applied(skipped=len(batch.items), unreadable=tuple(batch.unreadable))
@@ -146,7 +150,11 @@ class DirectWriter(GalleryWriter):
         wanted = {i["id"]: (i.get("etag"), v)
                   for i, v in zip(batch.items, per_item, strict=True) if v}
         current = self.store.stored(m.source.collection, list(wanted))
-        held = set(self.store.stored(m.target.collection, list(wanted))) if transform else set()
+        held: set[str] = set()
+        if mode != "backfill":  # transform: any vector there wins; fill: NEW's own wins
+            on_target = self.store.stored(m.target.collection, list(wanted))
+            held = {i for i, t in on_target.items()
+                    if mode == "transform" or (t.made or {}).get("by", "embed") == "embed"}
         items = [Item(s.id, wanted[s.id][1], s.payload, s.origin, s.etag, batch.made)
                  for s in current.values() if s.etag == wanted[s.id][0] and s.id not in held]
         if items:

@@ -41,7 +41,8 @@ async def search_gallery(gallery: str, request: Request, gateway: GatewayDep,
 def _from_json(body: SearchRequest, settings: Settings) -> Query:
     image = (from_base64(body.image_base64, settings.max_image_bytes)
              if body.image_base64 is not None else None)
-    return Query(body.text, image, body.kind, body.top_k, body.filter, body.hybrid)
+    return Query(body.text, image, body.kind, body.top_k, body.filter, body.hybrid,
+                 body.rerank, body.rerank_k)
 
 
 async def _from_form(request: Request, settings: Settings) -> Query:
@@ -52,4 +53,5 @@ async def _from_form(request: Request, settings: Settings) -> Query:
             raise InvalidInput("send one image per search")
         image = await bodies.file_bytes(uploads[0], settings.max_image_bytes) if uploads else None
     return Query(fields.text, image, fields.kind, fields.top_k, fields.filter,
-                 fields.hybrid == "true")
+                 fields.hybrid == "true",
+                 None if fields.rerank is None else fields.rerank == "true", fields.rerank_k)

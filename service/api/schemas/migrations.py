@@ -59,6 +59,9 @@ class MigrationOut(BaseModel):
                                            "rollback, retire, cancel, resume)")
     job_error: str | None = Field(None, description="why the job failed or stopped (a failed "
                                                     "gate names the operator's options)")
+    serving: str = Field("route", description="how searches are served while the new side "
+                                              "fills: route, or rerank (with rerank_k)")
+    rerank_k: int | None = None
     serving_space: str = Field(description="the space the gallery answers in now")
     version: str = Field(description="the version whose native space is the target")
     source: SideOut
@@ -87,7 +90,8 @@ class MigrationOut(BaseModel):
         return cls(gallery=found.gallery.name, state=m.state, phase=phase,
                    phase_note=PHASES[phase], options=[
                        a for a in OPERATOR if allowed(phase, a, job)],
-                   job_error=job.error if job else None, serving_space=found.gallery.space,
+                   job_error=job.error if job else None, serving=m.serving,
+                   rerank_k=m.rerank_k, serving_space=found.gallery.space,
                    version=m.version, source=SideOut(**m.source.__dict__),
                    target=SideOut(**m.target.__dict__), job=m.job,
                    job_status=job.status if job else None, started_at=m.started_at,

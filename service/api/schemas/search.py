@@ -39,6 +39,14 @@ HYBRID = ("while the gallery migrates: score each item by both sides (the new mo
           "query's candidates both sides hold, so it ranks neither behind nor ahead of "
           "re-embedded items of equal merit. Two query embeddings and two searches: more "
           "latency")
+RERANK = ("while the gallery migrates and its new side does not serve yet: the route's top "
+          "rerank_k candidates ranked by the new model (their new vectors read from the new "
+          "side, or embedded now from each item's kept source and written there); a "
+          "candidate without one (unreadable source, or still embedding when "
+          "rerank_budget_ms ran out) keeps its place in the route's order. Omitted: as the "
+          "migration's serving mode says; false: the route's order; 409 without such a "
+          "migration")
+RERANK_K = "candidates the new model ranks (at least top_k; default: the migration's, else 20)"
 # Not blank: checked where the query is built (usecases/search.py), stated here as well.
 Text = Annotated[str, StringConstraints(max_length=TEXT_MAX),
                  WithJsonSchema({"type": "string", "maxLength": TEXT_MAX, "pattern": r"\S"})]
@@ -64,6 +72,9 @@ class SearchRequest(BaseModel):
     kind: Kind = Field("image", description="which gallery items to return")
     filter: Where | None = None
     hybrid: StrictBool = Field(False, description=HYBRID)
+    rerank: StrictBool | None = Field(None, description=RERANK)
+    rerank_k: Annotated[int, Strict(), Field(ge=1, le=1000)] | None = Field(
+        None, description=RERANK_K)
 
 
 def digits(value: Any) -> Any:
@@ -87,6 +98,9 @@ class SearchForm(BaseModel):
     kind: Kind = "image"
     filter: Json[Where | None] | None = Field(None, description="payload filter, JSON text")
     hybrid: Literal["true", "false"] = Field("false", description=HYBRID)
+    rerank: Literal["true", "false"] | None = Field(None, description=RERANK)
+    rerank_k: Annotated[int, BeforeValidator(digits), Strict(), Field(ge=1, le=1000)] | None \
+        = Field(None, description=RERANK_K)
 
 
 class HitOut(BaseModel):
@@ -108,13 +122,18 @@ class SearchResponse(BaseModel):
     space: str
     kind: Kind
     hits: list[HitOut]
+    reranked: dict[str, Any] | None = Field(None, description=(
+        "with route 'rerank': k, read (new vectors read from the new side), embedded "
+        "(embedded now and written there), kept_route_place (ids that kept the route's "
+        "place: no new vector), over_budget, budget_ms"))
 
     @classmethod
     def of(cls, answer: Answer) -> SearchResponse:
         hits = [HitOut(id=h.id, score=h.score, payload=h.payload, version=h.version, space=h.space)
                 for h in answer.hits]
         return cls(gallery=answer.gallery, version=answer.version, route=answer.route,
-                   space=answer.space, kind=answer.kind, hits=hits)  # type: ignore[arg-type]
+                   space=answer.space, kind=answer.kind, hits=hits,  # type: ignore[arg-type]
+                   reranked=answer.reranked)
 
 
 def multipart_schema() -> dict[str, Any]:

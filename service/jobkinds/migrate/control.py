@@ -123,7 +123,8 @@ async def prepare(gateway: GatewayPort, job: Job, params: MigrateParams) -> list
     target = await asyncio.to_thread(gateway.store.create_side, job.gallery, dim)
     try:
         await asyncio.to_thread(gateway.registry.begin_migration, job.gallery, job=job.id,
-                                source=source, target=target, by=job.created_by)
+                                source=source, target=target, by=job.created_by,
+                                serving=params.serving, rerank_k=params.rerank_k)
     except BaseException:
         await asyncio.to_thread(gateway.store.drop_collection, target)
         raise
@@ -661,7 +662,12 @@ async def view(gateway: GatewayPort, gallery: str) -> MigrationView:
         job: Job | None = await asyncio.to_thread(gateway.jobs.get, m.job)
     except NotFound:
         job = None
-    return MigrationView(record, m, job, progress(job) if job else {})
+    shown_progress = progress(job) if job else {}
+    if job is not None:  # the read-through fill: what reranked searches embedded and wrote
+        shown_progress["filled_by_reads"] = await asyncio.to_thread(
+            gateway.store.count_where, m.target.collection, "made.via", "read")
+        shown_progress["filled_by_backfill"] = shown_progress.get("applied")
+    return MigrationView(record, m, job, shown_progress)
 
 
 def job_progress(job: Job) -> dict[str, Any]:

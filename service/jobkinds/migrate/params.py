@@ -54,6 +54,15 @@ class MigrateParams(Params):
                            "then keep backfilling")
     seed: int = Field(0, ge=0, le=2**31 - 1, description="seed of the sample, the random "
                                                          "order and the transform's fit")
+    serving: Literal["route", "rerank"] = Field(
+        "route", description="how searches are answered while the new side fills: route "
+                             "(the route's order), or rerank (the route's top rerank_k "
+                             "candidates ranked by the new model, their missing vectors "
+                             "embedded on read and written to the new side); a search's own "
+                             "rerank field overrides it")
+    rerank_k: int | None = Field(None, ge=1, le=1000, description="candidates a reranked "
+                                 "search has the new model rank (default: the server's "
+                                 "rerank_k, 20)")
 
     def check(self, registry: Registry, roots: Roots) -> None:
         check_dataset(roots, self.validation, "validation")

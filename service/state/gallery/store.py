@@ -198,8 +198,12 @@ class GalleryStore:
         a point written before ``made`` existed was embedded)."""
         if by == "embed":
             return self.count(gallery) - self.count_made(gallery, "transform")
+        return self.count_where(gallery, "made.by", by)
+
+    def count_where(self, gallery: str, key: str, value: str) -> int:
+        """The points whose payload ``key`` (a dotted path) is ``value``."""
         where = models.Filter(must=[models.FieldCondition(
-            key="made.by", match=models.MatchValue(value=by))])
+            key=key, match=models.MatchValue(value=value))])
         with self._call(gallery):
             return int(self.client.count(gallery, count_filter=where, exact=True).count)
 

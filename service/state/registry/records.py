@@ -108,6 +108,10 @@ class Migration:
     state: str  # backfilling | switched | rolled_back
     started_at: str
     by: str
+    # How searches are served while the new side fills: "route" (the route's order), or
+    # "rerank" (the route's top ``rerank_k`` ranked by NEW, service/usecases/rerank.py).
+    serving: str = "route"
+    rerank_k: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -316,7 +316,8 @@ class Registry:
 
     # ------------------------------------------------------------ migrations
     def begin_migration(self, gallery: str, *, job: str, source: str, target: str,
-                        by: str) -> GalleryRecord:
+                        by: str, serving: str = "route",
+                        rerank_k: int | None = None) -> GalleryRecord:
         """Open a migration of ``gallery`` into its active version's native space: the
         serving side is recorded as ``source`` (a collection), ``target`` is the new,
         empty collection. Conflict while one is open, or when the gallery is already in
@@ -326,7 +327,8 @@ class Registry:
             version = _version(index, record.active)
             _can_migrate(record, version)
             migration = Migration(job, version.version_id, Side(record.space, source),
-                                  Side(version.space, target), "backfilling", utc_now(), by)
+                                  Side(version.space, target), "backfilling", utc_now(), by,
+                                  serving, rerank_k)
             return _save(index, replace(record, collection=source, migration=migration))
         return self.index.update(change)
 

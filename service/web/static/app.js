@@ -272,6 +272,11 @@ function renderAnswer(answer, ms) {
   $("search-meta").replaceChildren(
     pair("gallery", answer.gallery), pair("version", answer.version),
     pair("route", answer.route), pair("space", answer.space), pair("kind", answer.kind),
+    answer.reranked ? el("span", {class: "pair", "data-field": "reranked"},
+      `reranked by the new model: top ${answer.reranked.k} of the route, ` +
+      `${answer.reranked.read} read, ${answer.reranked.embedded} embedded now` +
+      (answer.reranked.kept_route_place.length
+        ? `, ${answer.reranked.kept_route_place.length} kept the route's place` : "")) : null,
     el("span", {class: "muted"}, `${answer.hits.length} hits in ${Math.round(ms)} ms`));
   for (const url of state.blobs) URL.revokeObjectURL(url);
   state.blobs = [];

@@ -544,6 +544,11 @@ export function migrationPanel(view, on, form = {}) {
     Array.isArray(p.curve) && p.curve.length ? migrationCurve(p, view) : null,
     view.phase ? el("p", {class: "small", "data-field": "phase"},
       el("strong", {}, view.phase), ` · ${view.phase_note ?? ""}`) : null,
+    view.serving ? el("p", {class: "small", "data-field": "serving-mode"},
+      `searches: ${view.serving === "rerank"
+        ? `reranked by ${view.version} (top ${view.rerank_k ?? 20} of the route), ` +
+          `${p.filled_by_reads ?? 0} item(s) filled by reads`
+        : "the route's order"}`) : null,
     view.job_error ? el("p", {class: "bad-text small", "data-field": "job-error"},
       view.job_error) : null,
     result.switch_refused ? el("p", {class: "bad-text small", "data-field": "switch-refused"},

@@ -1,0 +1,170 @@
+# ruff: noqa: F811  (the module-scoped fixtures of test_migration are imported by name)
+"""Rerank on read (service/usecases/rerank.py) through the real gateway on the embedded
+store, with the trained micro model 'up' (test_migration_transform's ``up_trained``) as the
+new version of a migrating gallery whose new side starts empty (a worker is seen but
+busy, so the backfill never runs: what the new side holds, the reads put there)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import ADMIN
+from test_migration import ITEMS, migrate, migrating_stack, migration, world  # noqa: F401
+from test_migration_transform import up_trained  # noqa: F401
+
+from service.state.jobs.workers import write_beat
+from service.state.registry.index import utc_now
+from service.vectors.writer import Batch, DirectWriter
+
+QUERY = "a red circle"
+
+
+def _migrating(client) -> dict:
+    gw = client.app.state.gateway  # type: ignore[attr-defined]
+    write_beat(gw.settings, "busy@elsewhere", utc_now())
+    migrate(client, shards=1, batch_size=8)
+    return migration(client)
+
+
+def _search(client, **body) -> dict:
+    r = client.post("/v1/galleries/shapes/search", json={"text": QUERY, **body})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _new_ranking(up: Path, world: Path, ids: list[str]) -> list[str]:
+    """NEW's own ranking of ``ids`` (world items w<n>) for the query, computed apart from
+    the gateway: the version's native encoder over the world's image files."""
+    from PIL import Image
+
+    from training.artifacts import load_artifact
+    from training.versions import load_encoder
+
+    rows = [json.loads(line) for line in (world / "manifest.jsonl").read_text().splitlines()]
+    enc = load_encoder(load_artifact(up), "v3", None)
+    images = [Image.open(world / rows[int(i[1:])]["image"]).convert("RGB") for i in ids]
+    scores = enc.encode_images(images) @ enc.encode_texts([QUERY])[0]
+    return [ids[n] for n in np.argsort(-scores, kind="stable")]
+
+
+def test_a_reranked_answer_is_new_ranking_of_the_routes_candidates_and_fills_once(
+        micro_versions, world, up_trained, tmp_path) -> None:
+    with migrating_stack(tmp_path, micro_versions, world, up_trained) as (client, _):
+        view = _migrating(client)
+        route = _search(client, top_k=10, rerank=False)
+        assert route["route"] != "rerank" and route["reranked"] is None
+        candidates = [h["id"] for h in route["hits"]]
+        first = _search(client, top_k=10, rerank=True, rerank_k=10)
+        assert first["route"] == "rerank"
+        assert [h["id"] for h in first["hits"]] == _new_ranking(up_trained, world, candidates)
+        assert first["reranked"]["read"] == 0 and first["reranked"]["embedded"] == 10
+        assert first["reranked"]["kept_route_place"] == []
+        assert all(h["space"] == "v3" for h in first["hits"])
+        # what it embedded is on the new side, once, marked as filled by a read
+        gw = client.app.state.gateway  # type: ignore[attr-defined]
+        target = view["target"]["collection"]
+        made = {i: s.made for i, s in gw.store.stored(target).items()}
+        assert sorted(made) == sorted(candidates)
+        assert all(m == {"by": "embed", "version": "up", "via": "read"} for m in made.values())
+        again = _search(client, top_k=5, rerank=True, rerank_k=10)
+        assert again["reranked"]["read"] == 10 and again["reranked"]["embedded"] == 0
+        assert [h["id"] for h in again["hits"]] == [h["id"] for h in first["hits"]][:5]
+        # a migration served by rerank reranks every search unless it says otherwise
+        assert _search(client, top_k=5)["route"] != "rerank"
+        r = client.post("/v1/galleries/shapes/search",
+                        json={"text": QUERY, "rerank": True, "hybrid": True})
+        assert r.status_code == 422 and "not both" in r.text, r.text
+        r = client.post("/v1/galleries/shapes/search",
+                        json={"text": QUERY, "top_k": 10, "rerank": True, "rerank_k": 5})
+        assert r.status_code == 422 and "at least top_k" in r.text, r.text
+
+
+def test_an_unreadable_source_keeps_its_route_place(micro_versions, world, up_trained,
+                                                    tmp_path) -> None:
+    with migrating_stack(tmp_path, micro_versions, world, up_trained) as (client, values):
+        _migrating(client)
+        route = [h["id"] for h in _search(client, top_k=8, rerank=False)["hits"]]
+        lost = route[2]  # its kept original disappears
+        gw = client.app.state.gateway  # type: ignore[attr-defined]
+        origin = gw.store.stored(migration(client)["source"]["collection"], [lost])[lost].origin
+        digest = str(origin["image"]).removeprefix("cas:")
+        for path in (Path(values["data_dir"]) / "sources").rglob(f"*{digest}*"):
+            path.unlink()
+        answer = _search(client, top_k=8, rerank=True, rerank_k=8)
+        ids = [h["id"] for h in answer["hits"]]
+        assert ids[2] == lost and answer["reranked"]["kept_route_place"] == [lost]
+        assert sorted(ids) == sorted(route)  # never dropped
+        assert answer["reranked"]["embedded"] == 7
+
+
+def test_the_budget_cuts_a_slow_rerank_and_the_fill_still_lands(micro_versions, world,
+                                                                up_trained, tmp_path) -> None:
+    with migrating_stack(tmp_path, micro_versions, world, up_trained,
+                         rerank_budget_ms=1) as (client, _):
+        _migrating(client)
+        route = [h["id"] for h in _search(client, top_k=10, rerank=False)["hits"]]
+        cut = _search(client, top_k=10, rerank=True, rerank_k=10)["reranked"]
+        assert cut["over_budget"] >= 1 and cut["over_budget"] == len(cut["kept_route_place"])
+        kept = set(cut["kept_route_place"])
+        answer = _search(client, top_k=10, rerank=True, rerank_k=10)  # after the fills
+        for _ in range(50):
+            if answer["reranked"]["read"] == 10:
+                break
+            answer = _search(client, top_k=10, rerank=True, rerank_k=10)
+        assert answer["reranked"]["read"] == 10 and kept  # the cut ones were filled after
+        assert sorted(h["id"] for h in answer["hits"]) == sorted(route)
+
+
+def test_a_fill_never_brings_back_a_deleted_item_nor_overwrites_new_vectors(
+        micro_versions, world, up_trained, tmp_path) -> None:
+    with migrating_stack(tmp_path, micro_versions, world, up_trained) as (client, _):
+        view = _migrating(client)
+        gw = client.app.state.gateway  # type: ignore[attr-defined]
+        source, target = view["source"]["collection"], view["target"]["collection"]
+        stored = gw.store.stored(source, ["w1", "w2"])
+        writer = DirectWriter.registered(gw.store, gw.settings, gw.registry, "shapes")
+        r = client.post("/v1/galleries/shapes/items/delete", headers=ADMIN,
+                        json={"ids": ["w1"]})
+        assert r.status_code == 200, r.text
+        vector = {"image": np.ones(32, np.float32) / np.sqrt(32)}
+        made = {"by": "embed", "version": "up", "via": "read"}
+        applied = writer.write(Batch("fill", "up", [{"id": "w1", "etag": stored["w1"].etag}],
+                                     {"v3": [vector]}, made=made))
+        assert applied.written == 0 and "w1" not in gw.store.stored(target)
+        first = _search(client, top_k=10, rerank=True, rerank_k=10)  # fills w2 if it is a
+        assert first["route"] == "rerank"                             # candidate, or not
+        held = gw.store.stored(target)
+        own = next(iter(held))
+        before = gw.store.vectors(target, [own])[own]
+        applied = writer.write(Batch("fill", "up", [{"id": own, "etag": held[own].etag}],
+                                     {"v3": [vector]}, made=made))
+        assert applied.written == 0  # NEW's own vector there is never replaced by a fill
+        after = gw.store.vectors(target, [own])[own]
+        assert all(np.allclose(before[k], after[k]) for k in before)
+
+
+@pytest.mark.parametrize("state", ["none"])
+def test_rerank_without_a_migration_is_409(micro_versions, world, up_trained, tmp_path,
+                                           state) -> None:
+    with migrating_stack(tmp_path, micro_versions, world, up_trained) as (client, _):
+        r = client.post("/v1/galleries/shapes/search", json={"text": QUERY, "rerank": True})
+        assert r.status_code == 409 and "rerank needs one" in r.text, r.text
+
+
+def test_a_migration_served_by_rerank_reranks_every_search_and_counts_its_fill(
+        micro_versions, world, up_trained, tmp_path) -> None:
+    with migrating_stack(tmp_path, micro_versions, world, up_trained) as (client, _):
+        gw = client.app.state.gateway  # type: ignore[attr-defined]
+        write_beat(gw.settings, "busy@elsewhere", utc_now())
+        migrate(client, shards=1, batch_size=8, serving="rerank", rerank_k=6)
+        view = migration(client)
+        assert (view["serving"], view["rerank_k"]) == ("rerank", 6)
+        answer = _search(client, top_k=3)
+        assert answer["route"] == "rerank" and answer["reranked"]["k"] == 6
+        assert answer["reranked"]["embedded"] == 6
+        assert _search(client, top_k=3, rerank=False)["route"] != "rerank"
+        progress = migration(client)["progress"]
+        assert progress["filled_by_reads"] == 6 and progress["filled_by_backfill"] == 0
