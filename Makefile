@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test test-slow install lint serve demo bench-base clean
+.PHONY: test test-slow install lint serve demo bench-base docs docs-serve clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,15 @@ lint: $(STAMP)
 
 bench-base: $(STAMP)
 	$(VENV)/bin/nobackfill bench base --json
+
+# The manual (mkdocs.yml, docs/): built into site/ with --strict, so a broken link, a page
+# missing from the nav or a bad anchor fails; the reference pages are generated from the
+# code at every build (docs/hooks/reference_pages.py).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8001
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
