@@ -11,14 +11,18 @@ chosen one; the curve and the chosen step go into the artifact's metrics.
 
 Best (``SCORE``): the mean of text->image and image->text R@1, among the checkpoints no
 worse than step 0 in either direction (step 0 always qualifies). A later checkpoint
-replaces the best so far only when it beats it by more than the standard error of the
-difference (a paired bootstrap over the validation queries, ``score_difference_se``): a
-validation split of a few hundred queries moves R@1 by a few hundredths between draws, and
-a checkpoint that wins by less than that is as likely worse on held-out data (``bench xbt
---seed 2`` shipped such a stage 2, worse than its own stage 1 on the test set). So the
-earlier, cheaper route ships unless the later one is better beyond noise; a selected route
-never trades a loss against stage 1 in one direction for a gain in the other, and a
-stage 2 that did not clearly help ships as stage 1 alone.
+replaces the best so far only when a one-sided paired test says it is better: its lead
+exceeds ``z(1 - level)`` times the standard error of the difference, a bootstrap over the
+validation items (an image with its captions, ``paired_score_se``), the plan's own
+rule (``training.upgrades.plan.decide``). The levels keep the chance that any checkpoint
+no better than the one it replaces ships at most 5% over the whole curve: 5% / the number
+of comparisons when it is known (``compared``), else 5% / (k (k + 1)) for the k-th (they
+sum to 5%). A validation split of a few hundred queries moves R@1 by a few hundredths
+between draws, and a checkpoint that wins by less than that is as likely worse on held-out
+data (``bench xbt --seed 2`` shipped such a stage 2, worse than its own stage 1 on the test
+set). So the earlier, cheaper route ships unless the later one is better beyond noise; a
+selected route never trades a loss against stage 1 in one direction for a gain in the
+other, and a stage 2 that did not clearly help ships as stage 1 alone.
 
 The validation split is never the test set: the caller gives one (``upgrade(...,
 validation=)``, the bench's own draw), or ``prepare`` holds ``select_holdout`` of the paired
@@ -37,15 +41,19 @@ import torch
 from training.data import PairDataset
 from training.encoders import Encoder
 from training.errors import DataError
-from training.evaluate import cross_top1_hits, score_difference_se
+from training.evaluate import cross_top1_hits
 from training.pairs import PairTensors
+from training.upgrades.plan.decide import comparison_level
+from training.upgrades.transform.simulate import ALPHA, UnitDraws, z_bound
 from training.upgrades.xbt.adapters import Adapters
 from training.upgrades.xbt.projector import Projector, ProjectorHead
 
 SCORE = ("mean of t2i and i2t R@1 new->old on the validation split, among the checkpoints "
          "no worse than step 0 (stage 1 alone) in either direction; a later checkpoint "
-         "replaces the best so far only when better by more than the bootstrap standard "
-         "error of the difference (margin)")
+         "replaces the best so far only when a one-sided paired test (a bootstrap over the "
+         "validation items) says it is better: its lead exceeds the margin, z x the "
+         "standard error of the difference, at a level that keeps the chance of shipping a "
+         "checkpoint no better than the one it replaced at most 5% over the curve")
 GIVEN, HELD_OUT = "given", "held out of the paired set"
 
 
@@ -94,7 +102,7 @@ class Checkpoint:
     adapters: dict[str, torch.Tensor] | None = None  # None: adapters off (stage 1 alone)
     phi: dict[str, torch.Tensor] | None = None
     hits: dict[str, np.ndarray] | None = None  # per-query top-1: {"t2i": [M], "i2t": [N]}
-    margin: float = 0.0  # the standard error it had to beat the best so far by
+    margin: float = 0.0  # the lead it had to exceed over the best so far (z x error)
 
     @classmethod
     def scored(cls, step: int, hits: dict[str, np.ndarray]) -> Checkpoint:
@@ -138,10 +146,14 @@ class Selector:
     trainer's ``on_checkpoint``), then puts the best one back (``finish``)."""
 
     def __init__(self, validation: ValidationSet, adapters: Adapters, phi: Projector,
-                 every: int) -> None:
+                 every: int, compared: int | None = None, alpha: float = ALPHA) -> None:
+        """``compared``: how many later checkpoints will be compared (stage 2's steps /
+        ``every``, rounded up), when known: each test is then at ``alpha / compared``."""
         self.validation, self.adapters, self.phi, self.every = validation, adapters, phi, every
+        self.compared, self.alpha = compared, alpha
         self.curve: list[Checkpoint] = []
         self.best: Checkpoint | None = None
+        self._draws: UnitDraws | None = None
 
     def stage1(self) -> None:
         """Step 0: phi as stage 1 left it on the off-the-shelf new model."""
@@ -196,14 +208,45 @@ class Selector:
         point = Checkpoint.scored(step, route_hits(self.adapters.model, self.phi,
                                                    self.validation))
         if self.best is not None and self.best.hits is not None:
-            point.margin = score_difference_se(self.best.hits, point.hits or {})
+            level = comparison_level(self.alpha, len(self.curve), self.compared)
+            se = paired_score_se(self.best.hits, point.hits or {}, self._drawn(point.hits))
+            point.margin = z_bound(level) * se
         self.curve.append(point)
         if self.best is None or self._better(point, self.best):
             point.phi = {k: v.detach().clone() for k, v in self.phi.state_dict().items()}
             point.adapters = self.adapters.state_dict() if with_adapters else None
             self.best = point
 
+    def _drawn(self, hits: dict[str, np.ndarray] | None) -> UnitDraws:
+        """The validation items' bootstrap draws (made once: every comparison is scored on
+        the same draws)."""
+        if self._draws is None:
+            self._draws = UnitDraws.joint(validation_units(self.validation, hits or {}))
+        return self._draws
+
     def _better(self, point: Checkpoint, best: Checkpoint) -> bool:
         floor = self.curve[0]  # stage 1 alone
         return (point.t2i >= floor.t2i and point.i2t >= floor.i2t
                 and point.score - best.score > point.margin)
+
+
+def validation_units(validation: ValidationSet | None,
+                     hits: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Direction -> [Q] the item each query belongs to: a caption's image (t2i) and an
+    image itself (i2t), from one set of ids. Without a validation split (scores given
+    directly) each query is its own item."""
+    if validation is None:
+        count = len(hits["t2i"])
+        return {"t2i": np.arange(count), "i2t": count + np.arange(len(hits["i2t"]))}
+    return {"t2i": validation.pairs.owner.numpy(), "i2t": np.arange(len(validation.pairs.pixels))}
+
+
+def paired_score_se(before: dict[str, np.ndarray], after: dict[str, np.ndarray],
+                    draws: UnitDraws) -> float:
+    """The standard error of ``score(after) - score(before)`` (a score: the mean of the two
+    directions' R@1) by a paired bootstrap over the validation items: each draw takes
+    items with their image query and all their caption queries, for both sides."""
+    total = np.mean([draws.means(d, after[d].astype(np.float64) - before[d].astype(np.float64))
+                     for d in ("t2i", "i2t")], axis=0)  # [boot] the score's change per draw
+    ok = total[np.isfinite(total)]
+    return float(ok.std(ddof=1)) if len(ok) > 1 else 0.0
