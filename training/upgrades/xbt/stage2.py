@@ -127,7 +127,9 @@ def train_stage2(adapters: Adapters, phi: Projector, pairs: PairTensors, cfg: Xb
     model = adapters.model
     anchors = (anchors or Anchors()).for_config(cfg)
     selects = anchors.validation is not None  # for_config keeps it only with select_every
-    selector = (Selector(anchors.validation, adapters, phi, cfg.select_every)
+    # the number of comparisons is known: each is tested at 5% / that (Bonferroni)
+    selector = (Selector(anchors.validation, adapters, phi, cfg.select_every,
+                         compared=-(-cfg.steps // cfg.select_every))
                 if selects and World.current().is_main else None)
     if selector is not None:
         selector.stage1()
