@@ -84,7 +84,7 @@ def migrating_stack(tmp_path: Path, micro_versions: dict[str, Path], world: Path
     kept) and 'up' promoted; the worker is the test's to start."""
     redis_up()
     values = job_settings(tmp_path / "data", world, broker=True, queue=f"mig-{uuid.uuid4().hex}")
-    with gateway(values, micro_versions, world, apply_interval_s=0.2, **extra) as client:
+    with gateway(values, micro_versions, world, **{"apply_interval_s": 0.2, **extra}) as client:
         client.post("/v1/galleries/shapes/items/delete", headers=ADMIN,
                     json={"ids": [f"t{i}" for i in range(5)]})  # the fixture's text items
         add(client, world_items(world, range(ITEMS)))

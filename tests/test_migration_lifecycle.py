@@ -254,3 +254,28 @@ def test_a_cancel_after_the_switch_stops_and_resumes_and_retire_waits_for_it(
         assert r.status_code == 200, r.text
         r = client.post("/v1/galleries/shapes/migration/resume", headers=ADMIN)
         assert r.status_code == 409 and "no migration" in r.text
+
+
+def test_the_progressive_switch_does_not_wait_for_an_empty_spool(
+        micro_versions, world, up_version, tmp_path) -> None:
+    """Finding 10: a fast backfill keeps the spool busy; the switch is decided on the side
+    (every item has a vector there), not delayed while batches wait to be written. The
+    applier is slowed so that this test drives one step itself, with a batch waiting."""
+    from service.jobkinds.migrate import control
+    from service.vectors.spool import SPOOL
+
+    with migrating_stack(tmp_path, micro_versions, world, up_version,
+                         apply_interval_s=3600) as (client, _):
+        started = _filled(client, transformed=10, switched=False, **PROGRESSIVE)
+        gw = client.app.state.gateway  # type: ignore[attr-defined]
+        gw.jobs.update(started["id"], lambda j: j.merged(result={
+            "backfill_planned": True, "switch_at": 0.5, "applied": 38}))
+        waiting = gw.jobs.work_dir(started["id"]) / SPOOL / "0000-999999.npz"
+        waiting.parent.mkdir(parents=True, exist_ok=True)
+        waiting.write_bytes(b"a batch the applier has not written yet")
+        record = gw.registry.gallery("shapes")
+        job = gw.jobs.get(started["id"])
+        client.portal.call(control.drive, gw, record, job, "backfilling")
+        view = migration(client)
+        assert view["state"] == "switched" and view["phase"] == "serving"
+        assert view["progress"]["switched_at_fraction"] == round(38 / 48, 4)
