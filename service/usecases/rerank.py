@@ -82,12 +82,9 @@ async def rerank(gateway: Gateway, serving: Any, candidates: list[Hit], query_ne
     budget = float(gateway.settings.rerank_budget_ms)
     report = Reranked(k, budget_ms=budget)
     ids = [h.id for h in candidates]
-    source, target, vectors = await asyncio.to_thread(
+    source, vectors = await asyncio.to_thread(
         _read, gateway, serving.collection, other.collection, ids)
-    new: dict[str, np.ndarray] = {}
-    for item in ids:
-        if _current(source.get(item), target.get(item)) and kind in vectors.get(item, {}):
-            new[item] = vectors[item][kind]
+    new = {item: vectors[item][kind] for item in ids if kind in vectors.get(item, {})}
     report.read = len(new)
     flights = {item: _flight(gateway, serving.gallery, other, source[item]) for item in ids
                if item not in new and item in source}
@@ -123,12 +120,13 @@ def ranked(candidates: list[Hit], scores: dict[str, float], version: str,
 
 
 def _read(gateway: Gateway, source: str, target: str, ids: list[str],
-          ) -> tuple[dict[str, Stored], dict[str, Stored], dict[str, dict[str, np.ndarray]]]:
-    """The candidates on both sides (etags, origins, how made), and their new vectors."""
+          ) -> tuple[dict[str, Stored], dict[str, dict[str, np.ndarray]]]:
+    """The candidates on the source side (etags, origins), and the new vectors of those
+    the new side holds current."""
     stored_source = gateway.store.stored(source, ids)
     stored_target = gateway.store.stored(target, ids)
     have = [i for i in ids if _current(stored_source.get(i), stored_target.get(i))]
-    return stored_source, stored_target, gateway.store.vectors(target, have) if have else {}
+    return stored_source, gateway.store.vectors(target, have) if have else {}
 
 
 def _current(source: Stored | None, target: Stored | None) -> bool:

@@ -36,6 +36,7 @@ import json
 import logging
 import os
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -47,7 +48,7 @@ from service.jobkinds.base import GatewayPort
 from service.jobkinds.ingest import KIND as INGEST
 from service.jobkinds.migrate.lifecycle import phase_of, require
 from service.jobkinds.migrate.params import MigrateParams
-from service.jobkinds.migrate.transform import read_order, write_snapshot
+from service.jobkinds.migrate.transform import LISTING, read_order, write_snapshot
 from service.state.errors import Conflict, GateFailed, InvalidInput, NotFound, Unavailable, shown
 from service.state.gallery.locks import gallery_lock
 from service.state.gallery.store import Stored
@@ -60,7 +61,6 @@ from service.vectors.backfill import origin_of
 from service.vectors.spool import pending
 
 log = logging.getLogger(__name__)
-LISTING = "listing.json"  # a transformed migration's listed items, planned after the transform
 CATCH_UP_ROUNDS = 3  # backfills of items the listing missed, before the switch gives up
 SHOWN_IDS = 20  # item ids an error message names (the job record has all)
 CHECK_EVERY = 0.05  # after a progressive switch, the side is checked again at every 5%
@@ -386,9 +386,7 @@ def _reembedded(gateway: GatewayPort, record: GalleryRecord, job: Job) -> float:
     listed = int(job.result.get("listed", 0))
     if not listed:
         return 0.0
-    done = gateway.store.count(_target(record)) - gateway.store.count_made(_target(record),
-                                                                          "transform")
-    return min(1.0, done / listed)
+    return min(1.0, gateway.store.count_made(_target(record), "embed") / listed)
 
 
 async def _maybe_switch_progressively(gateway: GatewayPort, record: GalleryRecord,
@@ -444,13 +442,8 @@ async def _check_after_switch(gateway: GatewayPort, record: GalleryRecord, job: 
 
 async def switch_back(gateway: GatewayPort, gallery: str, *, by: str, reason: str) -> None:
     """The applier's transition serving -> backfilling: the source side serves again."""
-    def locked() -> GalleryRecord:
-        with gallery_lock(gateway.settings, gallery):
-            return gateway.registry.switch_back_migration(gallery, by=by, reason=reason)
-    record = await asyncio.to_thread(locked)
-    assert record.migration is not None
-    await asyncio.to_thread(gateway.store.point_alias, gallery, record.migration.source.collection)
-    await gateway.runtime.refresh()
+    await _serve_source(gateway, gallery, lambda: gateway.registry.switch_back_migration(
+        gallery, by=by, reason=reason))
     log.warning("migration of %s: %s", gallery, reason)
 
 
@@ -579,9 +572,17 @@ def _locked_switch(gateway: GatewayPort, gallery: str, by: str, drop: list[str],
 async def rollback(gateway: GatewayPort, gallery: str, *, by: str,
                    reason: str | None = None) -> GalleryRecord:
     """A switched gallery goes back to the source side (its space and the route)."""
+    return await _serve_source(gateway, gallery, lambda: gateway.registry.rollback_migration(
+        gallery, by=by, reason=reason))
+
+
+async def _serve_source(gateway: GatewayPort, gallery: str,
+                        change: Callable[[], GalleryRecord]) -> GalleryRecord:
+    """The source side serves again: the registry's ``change`` under the write lock, then
+    the alias and this replica's serving state."""
     def locked() -> GalleryRecord:
         with gallery_lock(gateway.settings, gallery):
-            return gateway.registry.rollback_migration(gallery, by=by, reason=reason)
+            return change()
     record = await asyncio.to_thread(locked)
     assert record.migration is not None
     await asyncio.to_thread(gateway.store.point_alias, gallery, record.migration.source.collection)
@@ -594,10 +595,7 @@ async def retire(gateway: GatewayPort, gallery: str) -> tuple[GalleryRecord, Sid
     Conflict while its backfill still runs (it checks each item against the source side),
     and, when the target side serves, while items still hold transformed vectors (the
     source side is the only way to re-embed them: resume the migration first)."""
-    record = await asyncio.to_thread(gateway.registry.gallery, gallery)
-    m = record.migration
-    job = await asyncio.to_thread(_job_or_none, gateway, m.job) if m else None
-    phase = require(gallery, m, job, "retire")
+    m, _, phase = await _required(gateway, gallery, "retire")
     if m is not None and phase in ("switched", "stopped"):
         left = await asyncio.to_thread(gateway.store.count_made, m.target.collection,
                                        "transform")
@@ -614,16 +612,23 @@ async def retire(gateway: GatewayPort, gallery: str) -> tuple[GalleryRecord, Sid
     return await asyncio.to_thread(gateway.registry.gallery, gallery), dropped
 
 
+async def _required(gateway: GatewayPort, gallery: str,
+                    action: str) -> tuple[Migration | None, Job | None, str]:
+    """The gallery's migration, its job and its phase, if ``action`` is allowed in it
+    (``lifecycle.require``: a Conflict that names what is allowed otherwise)."""
+    record = await asyncio.to_thread(gateway.registry.gallery, gallery)
+    m = record.migration
+    job = await asyncio.to_thread(_job_or_none, gateway, m.job) if m else None
+    return m, job, require(gallery, m, job, action)
+
+
 async def cancel(gateway: GatewayPort, gallery: str) -> None:
     """Cancel a migration's backfill. Before any switch the migration is undone: a running
     job is asked to stop (the applier then undoes it); one whose backfill ended without a
     switch (its gate failed, or items are unreadable) is undone now. After a progressive
     switch (or a rollback while the backfill runs) the backfill stops where it is; the
     migration can be resumed."""
-    record = await asyncio.to_thread(gateway.registry.gallery, gallery)
-    m = record.migration
-    job = await asyncio.to_thread(_job_or_none, gateway, m.job) if m else None
-    phase = require(gallery, m, job, "cancel")
+    m, job, phase = await _required(gateway, gallery, "cancel")
     assert m is not None
     if job is None or job.finished:
         await abort(gateway, gallery, m.job)
@@ -635,10 +640,7 @@ async def cancel(gateway: GatewayPort, gallery: str) -> None:
 async def resume(gateway: GatewayPort, gallery: str) -> Job:
     """A backfill stopped after a switch (cancelled, or a shard failed) goes on: its job
     runs again and every shard that had not finished is queued again, from its cursor."""
-    record = await asyncio.to_thread(gateway.registry.gallery, gallery)
-    m = record.migration
-    job = await asyncio.to_thread(_job_or_none, gateway, m.job) if m else None
-    require(gallery, m, job, "resume")
+    m, job, _ = await _required(gateway, gallery, "resume")
     assert job is not None and m is not None
     job = await asyncio.to_thread(gateway.jobs.reopen, job.id)
     left = await asyncio.to_thread(_locked_reconcile, gateway, gallery, m, job)
@@ -658,10 +660,7 @@ async def view(gateway: GatewayPort, gallery: str) -> MigrationView:
     if record.migration is None:
         raise NotFound(f"gallery '{shown(gallery)}' has no migration")
     m = record.migration
-    try:
-        job: Job | None = await asyncio.to_thread(gateway.jobs.get, m.job)
-    except NotFound:
-        job = None
+    job = await asyncio.to_thread(_job_or_none, gateway, m.job)
     shown_progress = progress(job) if job else {}
     if job is not None:  # the read-through fill: what reranked searches embedded and wrote
         shown_progress["filled_by_reads"] = await asyncio.to_thread(

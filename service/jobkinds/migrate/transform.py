@@ -48,6 +48,7 @@ TRANSFORM_DIR = "transform"
 CHUNK = 2048  # items per spooled transform batch
 GRID = tuple(round(0.05 * k, 2) for k in range(21))  # fractions the validation curve has
 EXTRA = (0.01,)
+LISTING = "listing.json"  # a transformed migration's listed items, planned after the transform
 VALIDATION = "validation.npz"  # the curve's inputs, for the checks after a switch
 DISTRACTORS = 5000  # gallery items per kind the curve adds (at most the sample's size)
 LIVE_DISTRACTORS = 2000  # gallery items a check after the switch reads from both sides
@@ -288,8 +289,9 @@ class Distractors:
 
     def directions(self) -> list[str]:
         """The directions the gallery serves: t2i when it holds images, i2t captions."""
-        return [d for d, (_, ik) in (("t2i", ("text", "image")), ("i2t", ("image", "text")))
-                if self.size().get(ik, 0) > 0]
+        from training.upgrades.transform.simulate import DIRECTIONS
+
+        return [d for d, (_, ik) in DIRECTIONS.items() if self.size().get(ik, 0) > 0]
 
 
 def gallery_distractors(fitted: Any, ids: list[str],
@@ -356,6 +358,7 @@ def _simulation(ctx: RunContext, record: Any, fitted: Any, p: MigrateParams,
     distractors."""
     from training.upgrades.transform.order import order_items
     from training.upgrades.transform.simulate import (
+        DIRECTIONS,
         Items,
         Queries,
         join,
@@ -396,7 +399,7 @@ def _simulation(ctx: RunContext, record: Any, fitted: Any, p: MigrateParams,
     rel = dataset.relevance(language)  # [captions, images]
     relevant = {"t2i": rel, "i2t": rel[first].T}
     relevant = {d: pad_relevance({d: relevant[d]}, len(distractors.old[ik]))[d]
-                for d, ik in (("t2i", "image"), ("i2t", "text")) if ik in kinds}
+                for d, (_, ik) in DIRECTIONS.items() if ik in kinds}
     queries = Queries(
         new={"text": new_enc.encode_texts(texts), "image": new_enc.encode_images(images)},
         routed={"text": routed_enc.encode_texts(texts), "image": routed_enc.encode_images(images)},
@@ -415,9 +418,15 @@ def live_check(gateway: Any, record: Any, job: Any, fraction: float) -> dict[str
     and on the source side for the route), against the route; ``below``: the side is
     below the route beyond the error (one-sided test at 5%) in a served direction. None
     when the curve's inputs are not there (no validation set)."""
-    from training.upgrades.transform.simulate import done_mask, falls_below, top1_hits
+    from training.upgrades.transform.simulate import (
+        DIRECTIONS,
+        done_mask,
+        falls_below,
+        top1_hits,
+    )
 
-    path = gateway.jobs.work_dir(job.id) / VALIDATION
+    work = gateway.jobs.work_dir(job.id)
+    path = work / VALIDATION
     if not path.exists():
         return None
     with np.load(path) as data:
@@ -425,13 +434,13 @@ def live_check(gateway: Any, record: Any, job: Any, fraction: float) -> dict[str
     meta = json.loads(bytes(saved["meta"]).decode())
     served = meta["served"]
     m = record.migration
-    ids = _drawn(gateway.store.stored(m.source.collection), LIVE_DISTRACTORS,
-                 int(job.params.get("seed", 0)))
+    listed = [i["id"] for i in json.loads((work / LISTING).read_text())]  # not a scroll
+    ids = _drawn(listed, LIVE_DISTRACTORS, int(job.params.get("seed", 0)))
     target = gateway.store.vectors(m.target.collection, ids)
     source = gateway.store.vectors(m.source.collection, ids)
     hits: dict[str, dict[str, np.ndarray]] = {"side": {}, "routed": {}}
     for d in served:
-        qk, ik = ("text", "image") if d == "t2i" else ("image", "text")
+        qk, ik = DIRECTIONS[d]
         both = [i for i in ids if ik in target.get(i, {}) and ik in source.get(i, {})]
         mask = done_mask(saved[f"order_{ik}"], meta["n_items"], fraction)
         side = np.where(mask[:, None], saved[f"item_new_{ik}"], saved[f"item_transformed_{ik}"])
@@ -452,8 +461,8 @@ def live_check(gateway: Any, record: Any, job: Any, fraction: float) -> dict[str
             "distractors": len(ids)}
 
 
-def _drawn(stored: dict[str, Any], k: int, seed: int) -> list[str]:
-    names = sorted(stored)
+def _drawn(listed: list[str], k: int, seed: int) -> list[str]:
+    names = sorted(listed)
     picked = np.random.default_rng(seed).permutation(len(names))[:k]
     return [names[n] for n in sorted(picked.tolist())]
 

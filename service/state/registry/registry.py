@@ -355,33 +355,31 @@ class Registry:
     def rollback_migration(self, gallery: str, *, by: str, reason: str | None = None,
                            ) -> GalleryRecord:
         """switched -> rolled_back: the source side (space, collection, route) serves again."""
-        def change(index: dict[str, Any]) -> GalleryRecord:
-            record = _gallery(index, gallery)
-            m = require_migration(record, "switched", "roll back")
-            active = _version(index, record.active)
-            if m.source.space not in active.routes:
-                raise SpaceMismatch(_no_route(active, m.source.space))
-            event = Event("migration-rollback", record.active, record.active, by, utc_now(),
-                          (reason or "").strip() or None, space=m.source.space)
-            back = replace(record, space=m.source.space, collection=m.source.collection,
-                           migration=replace(m, state="rolled_back"))
-            return _save(index, back.with_event(event))
-        return self.index.update(change)
+        return self._back_to_source(gallery, "roll back", "migration-rollback", "rolled_back",
+                                    by, (reason or "").strip() or None)
 
     def switch_back_migration(self, gallery: str, *, by: str, reason: str) -> GalleryRecord:
         """switched -> backfilling (the applier, not the operator): the source side serves
         again while the backfill goes on, because the target side fell below the route
         beyond the error, or the end-of-backfill gate failed after a progressive switch."""
+        return self._back_to_source(gallery, "switch back", "migration-switch-back",
+                                    "backfilling", by, reason)
+
+    def _back_to_source(self, gallery: str, verb: str, action: str, state: str, by: str,
+                        reason: str | None) -> GalleryRecord:
+        """A switched migration's source side serves again (its migration now ``state``),
+        recorded as event ``action``; SpaceMismatch when the active version has no route
+        into the source space."""
         def change(index: dict[str, Any]) -> GalleryRecord:
             record = _gallery(index, gallery)
-            m = require_migration(record, "switched", "switch back")
+            m = require_migration(record, "switched", verb)
             active = _version(index, record.active)
             if m.source.space not in active.routes:
                 raise SpaceMismatch(_no_route(active, m.source.space))
-            event = Event("migration-switch-back", record.active, record.active, by,
-                          utc_now(), reason, space=m.source.space)
+            event = Event(action, record.active, record.active, by, utc_now(), reason,
+                          space=m.source.space)
             back = replace(record, space=m.source.space, collection=m.source.collection,
-                           migration=replace(m, state="backfilling"))
+                           migration=replace(m, state=state))
             return _save(index, back.with_event(event))
         return self.index.update(change)
 
