@@ -25,8 +25,8 @@ from service.state.registry.records import Migration, Side
 
 # The operator's actions each phase allows: the specification the table must keep.
 EXPECTED = {
-    "backfilling": {"cancel"},
-    "serving": {"cancel", "rollback"},
+    "backfilling": {"cancel", "pause"},
+    "serving": {"cancel", "rollback", "pause"},
     "stopped": {"resume", "rollback", "retire"},
     "awaiting": {"switch", "cancel"},
     "switched": {"rollback", "retire"},
@@ -79,13 +79,25 @@ def test_every_phase_allows_exactly_its_transitions(state, status, result, phase
 def test_a_rolled_back_migration_allows_by_its_backfill() -> None:
     m = _migration("rolled_back")
     running, done, stopped = _job("running"), _job("succeeded"), _job("cancelled")
-    assert {a for a in OPERATOR if allowed("rolled_back", a, running)} == {"cancel"}
+    assert {a for a in OPERATOR if allowed("rolled_back", a, running)} == {"cancel", "pause"}
     assert {a for a in OPERATOR if allowed("rolled_back", a, done)} == {"retire"}
     assert {a for a in OPERATOR if allowed("rolled_back", a, stopped)} == {"retire", "resume"}
     assert phase_of(m, None) == "rolled_back"
     assert phase_of(None, None) == "ended" and not TRANSITIONS["ended"]
     with pytest.raises(Conflict, match="has no migration to retire"):
         require("shapes", None, None, "retire")
+
+
+def test_a_paused_backfill_allows_resume_instead_of_pause() -> None:
+    held = _job("running", backfill_paused=True)
+    for state, phase, also in (("backfilling", "backfilling", set()),
+                               ("switched", "serving", {"rollback"}),
+                               ("rolled_back", "rolled_back", set())):
+        m = _migration(state)
+        assert phase_of(m, held) == phase
+        assert {a for a in OPERATOR if allowed(phase, a, held)} == {"cancel", "resume"} | also
+    # a finished job's stale flag does not make it resumable as a pause
+    assert not allowed("backfilling", "resume", _job("succeeded", backfill_paused=True))
 
 
 # ------------------------------------------------------------------ through the gateway

@@ -7,6 +7,7 @@ busy, so the backfill never runs: what the new side holds, the reads put there).
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -168,3 +169,71 @@ def test_a_migration_served_by_rerank_reranks_every_search_and_counts_its_fill(
         assert _search(client, top_k=3, rerank=False)["route"] != "rerank"
         progress = migration(client)["progress"]
         assert progress["filled_by_reads"] == 6 and progress["filled_by_backfill"] == 0
+
+
+def test_a_lazy_migration_fills_by_reads_then_its_backfill_skips_them(
+        micro_versions, world, up_trained, tmp_path) -> None:
+    """A migration started with its backfill paused and served by rerank: a real worker
+    parks its shard at the cursor, searches fill the new side, pause/resume are the
+    operator's, and the resumed backfill embeds only the items the reads did not fill
+    (each item ends with one vector by NEW; the read-filled ones are never rewritten)."""
+    from test_worker import wait_for, worker_process
+
+    with migrating_stack(tmp_path, micro_versions, world, up_trained) as (client, values):
+        gw = client.app.state.gateway  # type: ignore[attr-defined]
+        write_beat(gw.settings, "starting@here", utc_now())  # the worker starts below
+        migrate(client, shards=1, batch_size=8, serving="rerank", rerank_k=10,
+                backfill="paused")
+        with worker_process(values, tmp_path / "worker.log") as proc:
+            def parked() -> bool:
+                job = gw.jobs.get(migration(client)["job"])
+                return bool(job.shards) and job.shards[0]["state"] == "paused"
+            wait_for(parked, 120, "the paused shard", proc)
+            view = migration(client)
+            assert view["progress"]["paused"] is True and view["phase"] == "backfilling"
+            assert set(view["options"]) == {"cancel", "resume"}
+            r = client.post("/v1/galleries/shapes/migration/pause", headers=ADMIN)
+            assert r.status_code == 409 and "allowed now: cancel, resume" in r.text, r.text
+            answer = _search(client, top_k=5)
+            assert answer["route"] == "rerank" and answer["reranked"]["embedded"] == 10
+            target = view["target"]["collection"]
+            filled = {i: s.etag for i, s in gw.store.stored(target).items()}
+            assert len(filled) == 10  # only the reads wrote: the backfill is parked
+            r = client.post("/v1/galleries/shapes/migration/resume", headers=ADMIN)
+            assert r.status_code == 200 and r.json()["progress"]["paused"] is False, r.text
+            done = wait_for(lambda: (v := migration(client))["job_status"] == "succeeded"
+                            and v, 240, "the resumed backfill", proc)
+        assert done["state"] == "switched"
+        assert done["progress"]["filled_by_reads"] == 10
+        assert done["progress"]["applied"] == ITEMS - 10  # the backfill skipped the 10
+        stored = gw.store.stored(target)
+        assert len(stored) == ITEMS
+        assert all((s.made or {}).get("by") == "embed" for s in stored.values())
+        for item, etag in filled.items():  # never rewritten by the backfill
+            assert stored[item].made["via"] == "read" and stored[item].etag == etag
+
+
+def test_pausing_a_running_backfill_is_the_operators_and_the_applier_requeues_it(
+        micro_versions, world, up_trained, tmp_path) -> None:
+    """pause: 409 unless a backfill runs unpaused; the flag holds the job's shards (a
+    shard that paused is queued again by the applier once resumed)."""
+    with migrating_stack(tmp_path, micro_versions, world, up_trained) as (client, _):
+        gw = client.app.state.gateway  # type: ignore[attr-defined]
+        r = client.post("/v1/galleries/shapes/migration/pause", headers=ADMIN)
+        assert r.status_code == 404 or "no migration" in r.text, r.text
+        view = _migrating(client)
+        r = client.post("/v1/galleries/shapes/migration/pause", headers=ADMIN)
+        assert r.status_code == 200 and r.json()["progress"]["paused"] is True, r.text
+        job = view["job"]
+        gw.jobs.start_shard(job, 0, "test@here")  # as a worker would, then it pauses
+        gw.jobs.finish_shard(job, 0, "paused")
+        time.sleep(1.0)  # applier ticks: paused stays parked
+        assert gw.jobs.get(job).shards[0]["state"] == "paused"
+        r = client.post("/v1/galleries/shapes/migration/resume", headers=ADMIN)
+        assert r.status_code == 200, r.text
+        for _ in range(50):
+            if gw.jobs.get(job).shards[0]["state"] == "queued":
+                break
+            time.sleep(0.1)
+        shard = gw.jobs.get(job).shards[0]
+        assert shard["state"] == "queued" and shard["sends"] == 2

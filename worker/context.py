@@ -10,6 +10,7 @@ from types import TracebackType
 from typing import Any
 
 from service.state.config import Settings
+from service.state.jobs.shards import PAUSED
 from service.state.jobs.store import Job, JobStore
 from service.state.paths import Roots
 
@@ -75,6 +76,7 @@ class ShardHeartbeat(Heartbeat):
         super().__init__(store, job_id, interval_s)
         self.shard = shard
         self.done = 0
+        self.paused = threading.Event()  # the job's backfill is paused (``PAUSED``)
 
     def beat(self) -> None:
         try:
@@ -84,6 +86,10 @@ class ShardHeartbeat(Heartbeat):
             return
         if job.cancel_requested or job.finished:
             self.cancelled.set()
+        if job.result.get(PAUSED):
+            self.paused.set()
+        else:
+            self.paused.clear()
 
     def advance(self, done: int, progress: dict[str, Any]) -> None:
         self.done, self.progress = done, progress

@@ -13,6 +13,7 @@ from typing import Any
 from service.jobkinds import KINDS
 from service.state.config import Settings
 from service.state.jobs.store import Job, JobNotFound, JobStore
+from service.state.jobs.shards import Paused
 from worker.context import Cancelled, Heartbeat, JobContext, ShardHeartbeat
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ def run(job_id: str, settings: Settings, worker: str) -> Job | None:
 
 def run_shard(job_id: str, shard: int, settings: Settings, worker: str) -> Job | None:
     """Run one shard of a sharded job (a migration's backfill); None when there is nothing
-    to run. A cancelled shard stops; a failing one fails the job (the gateway then undoes
+    to run. A cancelled shard stops; a paused one stops at its cursor; a failing one fails the job (the gateway then undoes
     what the job started); a killed one is queued again by the reaper and resumes."""
     store = JobStore(settings.registry_dir)
     try:
@@ -74,6 +75,8 @@ def run_shard(job_id: str, shard: int, settings: Settings, worker: str) -> Job |
             outcome = KINDS[job.kind].run(ctx)
         except Cancelled:
             return store.finish_shard(job.id, shard, "cancelled")
+        except Paused:  # its cursor is saved: queued again (from there) on resume
+            return store.finish_shard(job.id, shard, "paused")
         except Exception as exc:
             log.exception("job %s shard %d failed", job.id, shard)
             return store.finish_shard(job.id, shard, "failed", f"{type(exc).__name__}: {exc}")

@@ -58,6 +58,7 @@ class Serving:
     collection: str = ""  # "" only without an embedder
     others: tuple[OtherSide, ...] = ()
     migration: str | None = None  # the open migration's state, if any
+    migration_job: str | None = None  # its job (a read-through fill records what it wrote)
     reranks: bool = False  # the migration's serving mode is rerank (searches by default)
     rerank_k: int | None = None  # its k (None: the server's rerank_k)
 
@@ -157,6 +158,7 @@ class Runtime:
         return Serving(gallery.name, gallery.space, gallery.active, embedder,
                        collection=gallery.serving_side.collection, others=others,
                        migration=m.state if m else None,
+                       migration_job=m.job if m else None,
                        reranks=bool(m and m.serving == "rerank"),
                        rerank_k=m.rerank_k if m else None)
 

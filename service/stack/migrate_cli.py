@@ -30,7 +30,7 @@ from service.stack.http_cli import (  # noqa: F401  (re-exported: the names this
 from service.stack.http_cli import pct as _pct
 from service.stack.http_cli import share as _share
 
-ACTIONS = ("start", "status", "switch", "rollback", "retire", "cancel", "resume")
+ACTIONS = ("start", "status", "switch", "rollback", "retire", "cancel", "pause", "resume")
 
 
 def migration_path(gallery: str, action: str = "") -> str:
@@ -42,7 +42,7 @@ def start_body(args: argparse.Namespace) -> dict[str, Any]:
     """The POST body of ``start``: only what was given, so the server's defaults apply."""
     body: dict[str, Any] = {}
     for name in ("shards", "batch_size", "rate_limit", "order", "switch", "sample",
-                 "validation", "seed", "serving", "rerank_k"):
+                 "validation", "seed", "serving", "rerank_k", "backfill"):
         value = getattr(args, name, None)
         if value is not None:
             body[name] = value
@@ -94,7 +94,9 @@ def status_rows(view: dict[str, Any]) -> list[tuple[str, str]]:
             ("sides", (f"{text(source.get('space'))} -> {text(target.get('space'))} "
                       f"with {text(view.get('version'))}")),
             ("serving space", text(view.get("serving_space"))),
-            ("stage", text(p.get("stage"))),
+            ("stage", text(p.get("stage")) + (" (paused)" if p.get("paused") else "")),
+            ("filled", f"by reads {text(p.get('filled_by_reads'))}, by the backfill "
+                       f"{text(p.get('filled_by_backfill'))}"),
             ("done", f"{text(p.get('done'))}/{text(p.get('total'))}"),
             ("fraction", _pct(p.get("fraction"))),
             ("order", text(p.get("order"))), ("switch mode", text(p.get("switch"))),
@@ -139,8 +141,8 @@ def run(args: argparse.Namespace, out: Any = None) -> int:
             answer = call(gateway, "POST", migration_path(gallery, "retire"), key)
             return shown(answer, args.json, out, f"retired: the {answer['dropped']['space']} "
                          f"side of {gallery} was deleted; it serves in space {answer['space']}")
-        elif args.action == "resume":
-            view = call(gateway, "POST", migration_path(gallery, "resume"), key)
+        elif args.action in ("pause", "resume"):
+            view = call(gateway, "POST", migration_path(gallery, args.action), key)
         else:  # cancel
             call(gateway, "POST", migration_path(gallery, "cancel"), key)
             print(f"cancelled the migration of {gallery}: before a switch its new side is "
@@ -185,6 +187,9 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
                        "answered while the new side fills (rerank: the route's top candidates "
                        "ranked by the new model, filled on read)")
     start.add_argument("--rerank-k", type=int, help="candidates a reranked search ranks")
+    start.add_argument("--backfill", choices=("run", "paused"), help="paused: a lazy "
+                       "migration (the bulk backfill waits for resume; reranked searches "
+                       "fill the new side meanwhile)")
     start.add_argument("--no-auto-switch", action="store_true",
                        help="do not switch by itself at the end")
     actions.add_parser("status", parents=[common], help="the migration's progress")
@@ -199,6 +204,8 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
     actions.add_parser("cancel", parents=[common], help="before the switch: stop the "
                        "migration and drop its new side; after a progressive switch: stop "
                        "the backfill (resumable)")
-    actions.add_parser("resume", parents=[common], help="go on with a backfill stopped after "
-                                                        "a switch")
+    actions.add_parser("pause", parents=[common], help="pause the bulk backfill (a lazy "
+                       "migration: each shard stops at its cursor)")
+    actions.add_parser("resume", parents=[common], help="go on with a paused backfill, or "
+                                                        "one stopped after a switch")
     p.set_defaults(func=run)

@@ -37,6 +37,7 @@ from service.runtime.embedder import Embedder
 from service.runtime.gateway import Gateway
 from service.state.errors import Conflict, InvalidInput
 from service.state.gallery.store import KINDS, Hit, Stored
+from service.state.jobs.shards import record_filled
 from service.state.paths import Roots
 from service.usecases.media import decode_image_async
 from service.vectors.backfill import origin_of
@@ -86,7 +87,7 @@ async def rerank(gateway: Gateway, serving: Any, candidates: list[Hit], query_ne
         _read, gateway, serving.collection, other.collection, ids)
     new = {item: vectors[item][kind] for item in ids if kind in vectors.get(item, {})}
     report.read = len(new)
-    flights = {item: _flight(gateway, serving.gallery, other, source[item]) for item in ids
+    flights = {item: _flight(gateway, serving, other, source[item]) for item in ids
                if item not in new and item in source}
     if flights:
         left = max(0.0, budget / 1e3 - (time.perf_counter() - started))
@@ -135,7 +136,7 @@ def _current(source: Stored | None, target: Stored | None) -> bool:
             and (target.made or {}).get("by", "embed") == "embed")
 
 
-def _flight(gateway: Gateway, gallery: str, other: Any, stored: Stored,
+def _flight(gateway: Gateway, serving: Any, other: Any, stored: Stored,
             ) -> asyncio.Task[dict[str, np.ndarray] | None]:
     """The one embedding of ``stored`` into the new side in this process (single flight):
     a running one is joined, else one is started; it ends by writing what it embedded."""
@@ -143,7 +144,7 @@ def _flight(gateway: Gateway, gallery: str, other: Any, stored: Stored,
     running = _INFLIGHT.get(key)
     if running is not None and not running.done():
         return running
-    task = asyncio.get_running_loop().create_task(_fill(gateway, gallery, other, stored))
+    task = asyncio.get_running_loop().create_task(_fill(gateway, serving, other, stored))
     _INFLIGHT[key] = task
     task.add_done_callback(lambda t, key=key: _forget(key, t))
     return task
@@ -156,10 +157,11 @@ def _forget(key: tuple[str, str], task: asyncio.Task[Any]) -> None:
         task.exception()  # retrieved: an unreadable source is an answer, not a crash
 
 
-async def _fill(gateway: Gateway, gallery: str, other: Any,
+async def _fill(gateway: Gateway, serving: Any, other: Any,
                 stored: Stored) -> dict[str, np.ndarray] | None:
     """NEW's vectors of every kind the item has, from its kept source, written to the new
-    side (etag rule, never over NEW's own vector); None when a source cannot be read."""
+    side (etag rule, never over NEW's own vector) and recorded in the migration job's
+    ``FilledByReads`` (its backfill skips the item); None when a source cannot be read."""
     embedder: Embedder = other.embedder
     origin = origin_of(stored.kinds, stored.origin, stored.payload)
     vectors: dict[str, np.ndarray] = {}
@@ -175,11 +177,14 @@ async def _fill(gateway: Gateway, gallery: str, other: Any,
     if not vectors:
         return None
     writer = DirectWriter.registered(gateway.store, gateway.settings, gateway.registry,
-                                     gallery)
+                                     serving.gallery)
     made = {"by": "embed", "version": embedder.version, "via": "read"}
     batch = Batch(FILL, embedder.version, [{"id": stored.id, "etag": stored.etag}],
                   {other.space: [vectors]}, made=made)
-    await asyncio.to_thread(writer.write, batch)
+    applied = await asyncio.to_thread(writer.write, batch)
+    if applied.written and serving.migration_job:
+        await asyncio.to_thread(record_filled, gateway.jobs.work_dir(serving.migration_job),
+                                [stored.id])
     return vectors
 
 

@@ -52,18 +52,23 @@ def read_ahead(setting: int | None, device: Any) -> int:
 
 def backfill_shard(encoder: EncodesTensors, reader: OriginReader, items: list[dict[str, Any]],
                    cursor: int, batch_size: int, ahead: int, version: str, space: str,
-                   writer: GalleryWriter, on_batch: Callable[[int, int], None]) -> None:
+                   writer: GalleryWriter, on_batch: Callable[[int, int, int], None],
+                   skip: Callable[[], set[str]] | None = None) -> None:
     """Re-embed ``items[cursor:]`` (``{"id", "etag", "kinds", "origin"}``, as the migration
     listed them) in batches into ``space`` with ``version``'s ``encoder``, each handed to
-    ``writer``; ``on_batch(position, items)`` after each (the next item to read, the
-    batch's items): the caller saves its cursor there, reports progress, paces."""
-    for first, loaded in reader.batches(items, cursor, batch_size, ahead):
+    ``writer``; ``on_batch(position, items, skipped)`` after each (the next item to read,
+    the batch's items, how many of them were skipped): the caller saves its cursor
+    there, reports progress, paces. ``skip()``: ids not to embed (already filled by
+    reads), read as each batch is loaded."""
+    for first, loaded in reader.batches(items, cursor, batch_size, ahead, skip):
         chunk = items[first:first + batch_size]
-        vectors = embed(Pixels(encoder, loaded["pixels"]), _rows(loaded))
-        writer.write(Batch("backfill", version,
-                           [{"id": i["id"], "etag": i.get("etag")} for i in chunk],
-                           {space: vectors}, list(loaded["unreadable"])))
-        on_batch(first + len(chunk), len(chunk))
+        kept = loaded["items"]
+        if kept:
+            vectors = embed(Pixels(encoder, loaded["pixels"]), _rows(loaded))
+            writer.write(Batch("backfill", version,
+                               [{"id": i["id"], "etag": i.get("etag")} for i in kept],
+                               {space: vectors}, list(loaded["unreadable"])))
+        on_batch(first + len(chunk), len(chunk), len(chunk) - len(kept))
 
 
 @dataclass(frozen=True)
@@ -89,27 +94,35 @@ class OriginReader:
         self.sources, self.roots, self.to_pixels = sources, roots, to_pixels
 
     def batches(self, items: list[dict[str, Any]], cursor: int, size: int, ahead: int = 0,
+                skip: Callable[[], set[str]] | None = None,
                 ) -> Iterator[tuple[int, dict[str, Any]]]:
         starts = iter(range(cursor, len(items), size))
+
+        def load(first: int) -> dict[str, Any]:
+            chunk = items[first:first + size]
+            skipped = skip() if skip is not None else set()
+            return self.load([i for i in chunk if i["id"] not in skipped])
+
         if ahead <= 0:
             for first in starts:
-                yield first, self.load(items[first:first + size])
+                yield first, load(first)
             return
         pool = ThreadPoolExecutor(1, thread_name_prefix="backfill-read")
         try:
-            reading = deque((first, pool.submit(self.load, items[first:first + size]))
+            reading = deque((first, pool.submit(load, first))
                             for first in itertools.islice(starts, ahead))
             while reading:
                 first, loaded = reading.popleft()
                 nxt = next(starts, None)
                 if nxt is not None:
-                    reading.append((nxt, pool.submit(self.load, items[nxt:nxt + size])))
+                    reading.append((nxt, pool.submit(load, nxt)))
                 yield first, loaded.result()
         finally:  # stopped (cancelled, failed): what was not started is dropped
             pool.shutdown(wait=True, cancel_futures=True)
 
     def load(self, chunk: list[dict[str, Any]]) -> dict[str, Any]:
-        """Per item, its text and preprocessed image where it has them; unreadable ids."""
+        """Per item of ``chunk`` (``items``), its text and preprocessed image where it has
+        them; unreadable ids."""
         texts: dict[int, str] = {}
         images: dict[int, Image.Image] = {}
         unreadable: list[dict[str, str]] = []
@@ -132,5 +145,5 @@ class OriginReader:
                 texts[n] = str(origin["text"])
         rows = sorted(images)
         pixels = self.to_pixels([images[r] for r in rows]) if rows else None  # [k, 3, H, W]
-        return {"n": len(chunk), "texts": texts, "image_rows": rows, "pixels": pixels,
-                "unreadable": unreadable}
+        return {"n": len(chunk), "items": chunk, "texts": texts, "image_rows": rows,
+                "pixels": pixels, "unreadable": unreadable}

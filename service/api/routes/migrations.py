@@ -72,10 +72,20 @@ async def cancel(gallery: str, gateway: GatewayDep, _: AdminDep) -> None:
     await migration.cancel(gateway, gallery)
 
 
+@router.post("/pause", response_model=MigrationOut)
+async def pause(gallery: str, gateway: GatewayDep, _: AdminDep) -> MigrationOut:
+    """Pause the bulk backfill (a lazy migration): its shards stop at their cursors and
+    free the workers; the gallery serves as before, and with serving rerank its searches
+    go on filling the new side. 409 when no backfill runs or it is paused already."""
+    await migration.pause(gateway, gallery)
+    return MigrationOut.of(await migration.view(gateway, gallery))
+
+
 @router.post("/resume", response_model=MigrationOut)
 async def resume(gallery: str, gateway: GatewayDep, _: AdminDep) -> MigrationOut:
-    """Go on with a backfill that stopped after a switch (cancelled, or a shard failed):
-    the items that still hold transformed vectors (or none) are re-embedded. 409 in any
-    other phase (the message lists what is allowed)."""
+    """Go on with a paused backfill (its shards resume from their cursors), or with one
+    that stopped after a switch (cancelled, or a shard failed: the items that still hold
+    transformed vectors, or none, are re-embedded). 409 in any other phase (the message
+    lists what is allowed)."""
     await migration.resume(gateway, gallery)
     return MigrationOut.of(await migration.view(gateway, gallery))

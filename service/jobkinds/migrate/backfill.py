@@ -4,7 +4,10 @@
 version natively (``service.vectors.backfill``), into the job's spool (the gateway writes
 them into the target side). The shard's cursor is saved after each batch, so a shard
 whose worker was killed resumes at the first batch it had not spooled (a batch spooled
-twice is the same upsert).
+twice is the same upsert). Items a reranked search already embedded and wrote (the
+read-through fill, recorded in the job's ``FilledByReads``) are skipped, not embedded
+again. While the job's backfill is paused (a lazy migration) the shard stops at its
+cursor (``Paused``) and the gateway queues it again on resume.
 
 ``gate``: on the gallery's validation set, the target version natively (new->new) against
 its route into the source space (new->old, what serves during the backfill).
@@ -17,7 +20,14 @@ from typing import Any
 
 from service.jobkinds.base import RunContext
 from service.jobkinds.migrate.params import MigrateParams
-from service.state.jobs.shards import read_cursor, read_items, write_cursor
+from service.state.jobs.shards import (
+    PAUSED,
+    FilledByReads,
+    Paused,
+    read_cursor,
+    read_items,
+    write_cursor,
+)
 from service.state.paths import Roots
 from service.state.registry import Registry
 from service.state.thumbnails import ThumbnailStore
@@ -65,18 +75,23 @@ def run_backfill(ctx: RunContext) -> dict[str, Any]:
     writer = SpooledWriter(work, ThumbnailStore.of(ctx.settings), ctx.job.gallery,
                            f"{shard:04d}-", cursor)
     start = time.monotonic()
+    if ctx.job.result.get(PAUSED):
+        raise Paused(f"the backfill of job {ctx.job.id} is paused")
     heartbeat.advance(cursor, {"stage": "backfill"})
+    filled = FilledByReads(work)
 
-    def advanced(position: int, batch: int) -> None:
+    def advanced(position: int, batch: int, skips: int) -> None:
         write_cursor(work, shard, position)
         elapsed = time.monotonic() - start
         heartbeat.advance(position, {"stage": "backfill", "items_per_s": round(
             (position - cursor) / max(elapsed, 1e-9), 2)})
-        limit.wait(batch)
+        if getattr(heartbeat, "paused", None) is not None and heartbeat.paused.is_set():
+            raise Paused(f"the backfill of job {ctx.job.id} is paused")
+        limit.wait(batch - skips)
 
     backfill_shard(encoder, reader, items, cursor, p.batch_size,
                    read_ahead(ctx.settings.migration_read_ahead, encoder.device), version,
-                   space, writer, advanced)
+                   space, writer, advanced, skip=filled)
     return {}
 
 

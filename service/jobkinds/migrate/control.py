@@ -46,13 +46,13 @@ import numpy as np
 
 from service.jobkinds.base import GatewayPort
 from service.jobkinds.ingest import KIND as INGEST
-from service.jobkinds.migrate.lifecycle import phase_of, require
+from service.jobkinds.migrate.lifecycle import paused, phase_of, require
 from service.jobkinds.migrate.params import MigrateParams
 from service.jobkinds.migrate.transform import LISTING, read_order, write_snapshot
 from service.state.errors import Conflict, GateFailed, InvalidInput, NotFound, Unavailable, shown
 from service.state.gallery.locks import gallery_lock
 from service.state.gallery.store import Stored
-from service.state.jobs.shards import write_items
+from service.state.jobs.shards import PAUSED, write_items
 from service.state.jobs.store import Job
 from service.state.registry import GalleryRecord
 from service.state.registry.records import Migration, Side
@@ -142,7 +142,7 @@ async def prepare(gateway: GatewayPort, job: Job, params: MigrateParams) -> list
                                               _planned(items, params))
         await asyncio.to_thread(gateway.jobs.update, job.id, lambda j: j.merged(
             result={"planned_shards": len(planned), "listed": len(items),
-                    "embedded_by": versions}))
+                    "embedded_by": versions, PAUSED: params.backfill == "paused"}))
     except BaseException:
         await abort(gateway, job.gallery, job.id)
         raise
@@ -271,6 +271,9 @@ async def drive(gateway: GatewayPort, record: GalleryRecord, job: Job,
         return []
     if "planned_shards" not in job.result:
         return []  # its submission is still listing the items and planning the shards
+    if not job.result.get(PAUSED) and any(s["state"] == "paused" for s in job.shards):
+        again = await asyncio.to_thread(gateway.jobs.requeue_shards, job.id, "paused")
+        return [(job.id, n) for n in again]  # resumed: each from its cursor
     params = MigrateParams.model_validate(job.params)
     work = gateway.jobs.work_dir(job.id)
     if params.transform and not job.result.get("backfill_planned"):
@@ -637,11 +640,27 @@ async def cancel(gateway: GatewayPort, gallery: str) -> None:
     log.info("migration of %s: cancel in phase %s", gallery, phase)
 
 
+async def pause(gateway: GatewayPort, gallery: str) -> Job:
+    """Pause a running backfill (a lazy migration): each shard stops at its cursor after
+    its current batch and frees its worker; the gallery serves as before (with serving
+    ``rerank``, searches go on filling the new side). ``resume`` goes on."""
+    _, job, phase = await _required(gateway, gallery, "pause")
+    assert job is not None
+    log.info("migration of %s: backfill paused in phase %s", gallery, phase)
+    return await asyncio.to_thread(gateway.jobs.update, job.id,
+                                   lambda j: j.merged(result={PAUSED: True}))
+
+
 async def resume(gateway: GatewayPort, gallery: str) -> Job:
-    """A backfill stopped after a switch (cancelled, or a shard failed) goes on: its job
-    runs again and every shard that had not finished is queued again, from its cursor."""
+    """A paused backfill goes on (the applier queues its paused shards again, each from
+    its cursor). A backfill stopped after a switch (cancelled, or a shard failed) goes on:
+    its job runs again and every item still to re-embed is planned again."""
     m, job, _ = await _required(gateway, gallery, "resume")
     assert job is not None and m is not None
+    if paused(job):
+        log.info("migration of %s: backfill resumed", gallery)
+        return await asyncio.to_thread(gateway.jobs.update, job.id,
+                                       lambda j: j.merged(result={PAUSED: False}))
     job = await asyncio.to_thread(gateway.jobs.reopen, job.id)
     left = await asyncio.to_thread(_locked_reconcile, gateway, gallery, m, job)
     params = MigrateParams.model_validate(job.params)
@@ -705,6 +724,7 @@ def progress(job: Job) -> dict[str, Any]:
            "unreadable": int(job.result.get("unreadable_count",
                                             len(job.result.get("unreadable", [])))),
            "fraction": round(fraction, 4), "order": params.order, "switch": params.switch,
+           "paused": bool(job.result.get(PAUSED)) and not job.finished,
            "transformed": int(job.result.get("transformed", 0)),
            "switch_at": job.result.get("switch_at"),
            "switched_at_fraction": job.result.get("switched_at_fraction"),

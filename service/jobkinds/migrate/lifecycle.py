@@ -11,6 +11,7 @@ two can never disagree with it.
 from __future__ import annotations
 
 from service.state.errors import Conflict
+from service.state.jobs.shards import PAUSED
 from service.state.jobs.store import Job
 from service.state.registry.records import Migration
 
@@ -32,21 +33,27 @@ PHASES: dict[str, str] = {
 }
 
 # phase -> action -> the phase it leads to. Actions: the operator's (switch, rollback,
-# retire, cancel, resume) and the applier's (progressive, switch_back, finish, gate_failed,
-# fail). ``finish`` from backfilling lands in switched or awaiting: the gate decides.
+# retire, cancel, pause, resume) and the applier's (progressive, switch_back, finish,
+# gate_failed, fail). ``finish`` from backfilling lands in switched or awaiting: the gate
+# decides. ``pause`` holds a running backfill's shards at their cursors (a lazy
+# migration: reranked searches fill the new side meanwhile) without leaving the phase;
+# ``resume`` queues them again (or, after a stop, plans what is left).
 TRANSITIONS: dict[str, dict[str, str]] = {
     "backfilling": {"progressive": "serving", "finish": "switched|awaiting",
-                    "cancel": "ended", "fail": "ended"},
+                    "cancel": "ended", "fail": "ended", "pause": "backfilling",
+                    "resume": "backfilling"},
     "undoing": {"fail": "ended", "cancel": "ended"},
     "serving": {"switch_back": "backfilling", "finish": "switched",
-                "gate_failed": "awaiting", "cancel": "stopped", "rollback": "rolled_back"},
+                "gate_failed": "awaiting", "cancel": "stopped", "rollback": "rolled_back",
+                "pause": "serving", "resume": "serving"},
     "stopped": {"resume": "serving", "rollback": "rolled_back", "retire": "ended"},
     "awaiting": {"switch": "switched", "cancel": "ended"},
     "switched": {"rollback": "rolled_back", "retire": "ended"},
-    "rolled_back": {"retire": "ended", "cancel": "rolled_back", "resume": "rolled_back"},
+    "rolled_back": {"retire": "ended", "cancel": "rolled_back", "resume": "rolled_back",
+                    "pause": "rolled_back"},
     "ended": {},
 }
-OPERATOR = ("switch", "rollback", "retire", "cancel", "resume")
+OPERATOR = ("switch", "rollback", "retire", "cancel", "pause", "resume")
 
 
 def phase_of(m: Migration | None, job: Job | None) -> str:
@@ -76,15 +83,23 @@ def _stopped(job: Job | None) -> bool:
         job.status == "failed" and not job.result.get("gate_failed")))
 
 
+def paused(job: Job | None) -> bool:
+    """Its backfill runs but is paused (``pause``; a lazy migration)."""
+    return job is not None and not job.finished and bool(job.result.get(PAUSED))
+
+
 def allowed(phase: str, action: str, job: Job | None = None) -> bool:
     """Whether ``action`` is a transition out of ``phase`` (with the conditions the table
-    cannot show: in rolled_back, cancel needs a running backfill and resume a stopped one)."""
+    cannot show: pause needs a running backfill that is not paused; resume a paused one,
+    or in rolled_back a stopped one; in rolled_back, cancel needs a running backfill)."""
     if action not in TRANSITIONS[phase]:
         return False
+    if action == "pause":
+        return job is not None and not job.finished and not paused(job)
+    if action == "resume" and phase != "stopped":
+        return paused(job) or (phase == "rolled_back" and _stopped(job))
     if phase == "rolled_back" and action == "cancel":
         return job is not None and not job.finished
-    if phase == "rolled_back" and action == "resume":
-        return _stopped(job)
     if phase == "rolled_back" and action == "retire":
         return job is None or job.finished
     return True

@@ -60,6 +60,12 @@ class MigrateParams(Params):
                              "candidates ranked by the new model, their missing vectors "
                              "embedded on read and written to the new side); a search's own "
                              "rerank field overrides it")
+    backfill: Literal["run", "paused"] = Field(
+        "run", description="run: the bulk backfill starts at once; paused: a lazy migration "
+                           "(the backfill waits, while searches served by rerank fill the "
+                           "new side with what they read, until POST .../migration/resume); "
+                           "a running backfill can also be paused (POST .../migration/pause) "
+                           "or rate-limited (rate_limit)")
     rerank_k: int | None = Field(None, ge=1, le=1000, description="candidates a reranked "
                                  "search has the new model rank (default: the server's "
                                  "rerank_k, 20)")

@@ -255,7 +255,8 @@ class JobStore:
     def finish_shard(self, job_id: str, index: int, state: str, error: str | None = None,
                      gate: dict[str, Any] | None = None,
                      result: dict[str, Any] | None = None) -> Job:
-        """A shard ends: ``done``, ``cancelled``, or ``failed`` (then the job fails);
+        """A shard ends: ``done``, ``cancelled``, ``paused`` (it stopped at its cursor and
+        waits to be queued again: ``requeue_shards``), or ``failed`` (then the job fails);
         ``result`` (a done shard's findings) is merged into the job's result."""
         def change(job: Job) -> Job:
             if job.finished:
@@ -269,6 +270,25 @@ class JobStore:
             return replace(job, shards=shards, gate=gate if gate is not None else job.gate,
                            result={**job.result, **(result or {})})
         return self.update(job_id, change)
+
+    def requeue_shards(self, job_id: str, state: str) -> list[int]:
+        """Every shard of the job in ``state`` (``paused``: its backfill was resumed) goes
+        back to queued, to resume from its cursor; their indices (the caller sends them)."""
+        again: list[int] = []
+
+        def change(job: Job) -> Job:
+            again.clear()
+            if job.finished:
+                return job
+            shards = list(job.shards)
+            for n, shard in enumerate(shards):
+                if shard["state"] == state:
+                    shards[n] = {**shard, "state": "queued", "worker": None,
+                                 "queued_at": utc_now(), "sends": int(shard.get("sends", 1)) + 1}
+                    again.append(n)
+            return replace(job, shards=shards)
+        self.update(job_id, change)
+        return list(again)
 
     def reap_shards(self, stale_after_s: float, worker: str | None = None,
                     ) -> list[tuple[str, int]]:

@@ -468,9 +468,14 @@ function migrationCalls(view) {
       () => view.state === "backfilling"
         ? `Asked migration job ${view.job} to stop; its new side is dropped.`
         : `Asked migration job ${view.job} to stop; the sides stay (resume it later).`),
+    pause: () => call("pause", {path: migrationPath(gallery, "pause"), method: "POST"},
+      () => `The backfill of ${gallery} is paused: each shard stops at its cursor (reranked ` +
+        `searches still fill the new side).`),
     resume: () => call("resume", {path: migrationPath(gallery, "resume"), method: "POST"},
-      (m) => `The backfill of ${gallery} goes on (${m.result?.resumed_items ?? "?"} item(s) ` +
-        `left to re-embed).`),
+      (m) => view.progress?.paused
+        ? `The backfill of ${gallery} goes on from where each shard paused.`
+        : `The backfill of ${gallery} goes on (${m.result?.resumed_items ?? "?"} item(s) ` +
+          `left to re-embed).`),
   };
 }
 

@@ -492,7 +492,7 @@ export function duration(seconds) {
 export function migrationActions(view) {
   if (Array.isArray(view?.options)) {  // the server's state machine says what is allowed
     const allowed = new Set(view.options);
-    return Object.fromEntries(["cancel", "switch", "rollback", "retire", "resume"].map(
+    return Object.fromEntries(["cancel", "switch", "rollback", "retire", "pause", "resume"].map(
       (a) => [a, allowed.has(a)]));
   }
   const result = isObject(view?.result) ? view.result : {};
@@ -548,7 +548,8 @@ export function migrationPanel(view, on, form = {}) {
       `searches: ${view.serving === "rerank"
         ? `reranked by ${view.version} (top ${view.rerank_k ?? 20} of the route), ` +
           `${p.filled_by_reads ?? 0} item(s) filled by reads`
-        : "the route's order"}`) : null,
+        : "the route's order"}${p.paused ? " · the bulk backfill is paused (lazy migration)"
+        : ""}`) : null,
     view.job_error ? el("p", {class: "bad-text small", "data-field": "job-error"},
       view.job_error) : null,
     result.switch_refused ? el("p", {class: "bad-text small", "data-field": "switch-refused"},
@@ -733,6 +734,7 @@ function migrationControls(view, actions, on, form, unreadable) {
       () => on.rollback(text())) : null,
     actions.retire ? button("retire", `Retire the ${view.state === "switched"
       ? view.source?.space : view.target?.space} side`, () => on.retire()) : null,
+    actions.pause ? button("pause", "Pause the backfill", () => on.pause()) : null,
     actions.resume ? button("resume", "Resume the backfill", () => on.resume(), true) : null,
     actions.cancel ? button("cancel", view.state === "backfilling" ? "Cancel migration"
       : "Stop the backfill", () => on.cancel()) : null);
