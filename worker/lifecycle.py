@@ -12,8 +12,8 @@ from typing import Any
 
 from service.jobkinds import KINDS
 from service.state.config import Settings
-from service.state.jobs.store import Job, JobNotFound, JobStore
 from service.state.jobs.shards import Paused
+from service.state.jobs.store import Job, JobNotFound, JobStore
 from worker.context import Cancelled, Heartbeat, JobContext, ShardHeartbeat
 
 log = logging.getLogger(__name__)

@@ -95,8 +95,8 @@ def status_rows(view: dict[str, Any]) -> list[tuple[str, str]]:
                       f"with {text(view.get('version'))}")),
             ("serving space", text(view.get("serving_space"))),
             ("stage", text(p.get("stage")) + (" (paused)" if p.get("paused") else "")),
-            ("filled", f"by reads {text(p.get('filled_by_reads'))}, by the backfill "
-                       f"{text(p.get('filled_by_backfill'))}"),
+            ("filled", (f"by reads {text(p.get('filled_by_reads'))}, by the backfill "
+                       f"{text(p.get('filled_by_backfill'))}")),
             ("done", f"{text(p.get('done'))}/{text(p.get('total'))}"),
             ("fraction", _pct(p.get("fraction"))),
             ("order", text(p.get("order"))), ("switch mode", text(p.get("switch"))),
