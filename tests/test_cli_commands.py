@@ -30,7 +30,7 @@ ALL = sorted(command_paths(cli.build_parser()))
 def test_the_tree_has_the_library_and_the_plugged_in_commands() -> None:
     for path in [("synth",), ("train-base",), ("continual",), ("upgrade",), ("bench", "base"),
                  ("bench", "xbt"), ("demo",), ("bench", "serve"), ("bench", "migrate"),
-                 ("bench", "images"), ("plan", "start"), ("plan", "show"), ("plan", "list"),
+                 ("bench", "images"), ("bench", "rerank"), ("plan", "start"), ("plan", "show"), ("plan", "list"),
                  ("plan", "apply")]:
         assert path in ALL, path
 
@@ -53,7 +53,8 @@ def test_plugins_are_declared_as_entry_points() -> None:
     assert benches == {"serve": "service.bench:register",
                        "migrate": "service.bench.migrate:register",
                        "images": "service.bench.images:register",
-                       "transform": "service.bench.transform:register"}
+                       "transform": "service.bench.transform:register",
+                       "rerank": "service.bench.rerank:register"}
 
 
 def test_a_broken_plugin_is_reported_and_left_out(monkeypatch: pytest.MonkeyPatch,

@@ -108,3 +108,87 @@ def test_a_migration_is_weighed_over_time_its_fits_included() -> None:
     fitted_t, _ = time_averaged(scorer, fitted, 2.4)
     assert fitted_t < plain_t  # over the fraction of the backfill alone they are equal
     assert time_averaged(scorer, plain, 1.0)[0] == pytest.approx(by_fraction)
+
+
+def test_the_plan_offers_rerank_on_read_for_each_k(plan_of_routes) -> None:
+    """rerank@k (issue 39) in a real plan: a migration whose searches are the serving
+    route's top k ranked by the new model; it costs what the backfill costs, adds NEW
+    embedding k candidates to a cold query, and applying it starts a migration served by
+    rerank with that k."""
+    from training.upgrades.rerank import KS
+
+    plan = plan_of_routes["plan"]
+    rows = {r["name"]: r for r in plan["options"]}
+    migrate = rows["migrate"]
+    for k in KS:
+        row = rows[f"rerank@{k}"]
+        assert row["kind"] == "migration" and row["measured"]
+        assert row["apply"] == {"kind": "migrate", "route": migrate["apply"]["route"],
+                                "params": {"transform": False, "serving": "rerank",
+                                           "rerank_k": k}}
+        assert row["compute"]["fraction"] == 1.0
+        for q in ("text", "image"):
+            assert row["added_latency_ms"][q] > migrate["added_latency_ms"][q]
+        assert f"up to {k} candidates" in row["note"]
+
+
+def test_rerank_at_k_serves_news_best_of_the_routes_top_k_from_the_first_query(
+        micro_versions, world) -> None:
+    """On a synthetic validation set where NEW is perfect and the route finds the relevant
+    item in its top 5 for some queries only: rerank@5 hits exactly where the route's top 5
+    holds it, rerank@50 (every item a candidate) is NEW's own ranking; both serve so from
+    the first point of the backfill to the switch, where NEW serves natively."""
+    from training.upgrades.plan.build import Costs
+    from training.upgrades.plan.measure import Embedded
+    from training.upgrades.plan.run import rerank_options
+    from training.versions import load_encoder
+
+    rng = np.random.default_rng(0)
+    n, dim = 30, 8
+
+    def unit(x: np.ndarray) -> np.ndarray:
+        return x / np.linalg.norm(x, axis=1, keepdims=True)
+    new = {"image": unit(rng.normal(size=(n, dim))), "text": unit(rng.normal(size=(n, dim)))}
+    old = {"image": unit(rng.normal(size=(n, dim))), "text": unit(rng.normal(size=(n, dim)))}
+    routed = {"text": unit(old["image"] + rng.normal(size=(n, dim))),
+              "image": unit(old["text"] + rng.normal(size=(n, dim)))}
+    eye = np.eye(n, dtype=bool)
+    emb = Embedded(item_old=old, item_new=new, query_old=routed,
+                   query_new={"text": new["image"], "image": new["text"]},
+                   relevant={"t2i": eye, "i2t": eye})
+    old_hits = emb.hits(routed, old)
+    new_hits = emb.hits(emb.query_new, new)
+    assert all(h.all() for h in new_hits.values())
+    scorer = Scorer(old_hits, new_hits)
+    data = open_dataset(world)
+    enc = load_encoder(load_artifact(micro_versions["v3"]), "v3", None)
+    texts, _ = data.captions("en")
+    images = [data.load_image(i) for i in range(4)]
+    options = {o.name: o for o in rerank_options(
+        emb, routed, scorer, Costs(n, n, 1.0), enc, texts, images,
+        {"text": 1.0, "image": 2.0}, "route:test", 0)}
+    top5 = {d: np.argsort(-(routed[q] @ old[i].T), axis=1)[:, :5]
+            for d, (q, i) in DIRECTIONS.items()}
+    in_top5 = {d: (top5[d] == np.arange(n)[:, None]).any(1) for d in top5}
+    assert 0 < in_top5["t2i"].sum() < n  # the route misses some: rerank@5 cannot recover them
+    for name, expected in (("rerank@5", in_top5), ("rerank@50", new_hits)):
+        o = options[name]
+        assert o.served is not None and o.served[1.0] is scorer.new
+        for f, hits in o.served.items():
+            if f < 1:
+                assert all(np.array_equal(hits[d], expected[d]) for d in expected), (name, f)
+        assert o.added_latency_ms["text"] > 1.0 and o.added_latency_ms["image"] > 2.0
+
+
+def test_rerank_options_are_held_to_the_latency_constraint(plan_of_routes) -> None:
+    from training.upgrades.plan.build import make_plan  # noqa: F401 (the same rule)
+    from training.upgrades.plan.decide import Scored, recommend
+
+    plan = plan_of_routes["plan"]
+    rows = [r for r in plan["options"] if r["name"].startswith("rerank@")]
+    cheapest = min(max(r["added_latency_ms"].values()) for r in rows)
+    scored = [Scored(r["name"], 1.0, 0.0, max(r["added_latency_ms"].values()), 0.0, True,
+                     score=0.5, draws=np.full(10, 0.5)) for r in rows]
+    decision = recommend(scored, Constraints(max_added_latency_ms=cheapest / 2))
+    assert decision["option"] is None
+    assert all("ms per query" in why for why in decision["rejected"].values())

@@ -17,7 +17,10 @@ route of ``bench upgrade``), which is promoted. Then:
    With ``--transform``, run B is a migration with the gallery-side transform and the
    learned backfill order (``service.jobkinds.migrate.transform``); in either case
    ``--deletes`` items are deleted through the API while run B backfills, and must come
-   back in neither side (0 resurrected).
+   back in neither side (0 resurrected). With ``--reads``, run B serves reranked searches
+   (``serving: "rerank"``): the search load fills the new side by reads (read-through
+   fill) while the backfill writes it; every item must still end with one vector that NEW
+   embedded (none transformed), deleted items in neither side.
 4. R@1 both directions on the test set, routed (before: the route's queries against the
    OLD vectors the gallery stored) and migrated (after: NEW's queries against the vectors
    the migration stored); the stored vectors are checked against NEW's own embeddings.
@@ -45,6 +48,7 @@ from training.console import report_command
 GALLERY = "bench"
 THROUGHPUT_RATIO = 0.8  # backfill items/s over NEW's batched encoder items/s, one worker
 P50_RATIO = 2.0  # text search p50 during the rate-limited backfill over idle
+READS_RERANK_K = 20  # run B's rerank_k with --reads
 QUICK = {"items": 600, "test_items": 200, "duration": 3.0, "clients": 2, "sample": 300}
 
 
@@ -69,6 +73,10 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--transform-sample", type=int, default=400,
                    help="run B's transform sample (items NEW embeds first)")
     p.add_argument("--deletes", type=int, default=50, help="items deleted during run B")
+    p.add_argument("--reads", action="store_true",
+                   help="run B serves reranked searches (serving: rerank, rerank_k "
+                        f"{READS_RERANK_K}): its search load fills the new side by reads "
+                        "while the backfill writes it")
     p.add_argument("--quick", action="store_true", help="smoke run: random tiny models, 600 "
                                                         "items, short windows")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
@@ -83,14 +91,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         args = argparse.Namespace(**{**vars(args), **QUICK})
     out = Path(args.out)
     work = fresh_work_dir(out)
-    old, new = _models(args, work)
+    old, new, route, data, setup = prepare(args, work)
     result: dict[str, Any] = {"items": args.items, "test_items": args.test_items,
-                              "old": old.version_id, "new": new.version_id}
-    start = time.perf_counter()
-    data = _write_images(work, args)
-    route = _fit_route(old, new, data, args, work)
-    result["setup"] = _build(work, old, route, data, args)
-    result["setup"]["seconds"] = round(time.perf_counter() - start, 1)
+                              "old": old.version_id, "new": new.version_id, "setup": setup,
+                              "reads": bool(getattr(args, "reads", False))}
     result["encoder"] = _encoder_throughput(new, data, batch=args.batch_size)
     rate = args.rate_limit or round(result["encoder"]["items_per_s"] / 2, 1)
     with _stack(work) as stack:
@@ -99,12 +103,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result["idle"] = stack.search_load(args.clients, args.duration)
         extra = ({"transform": True, "order": "learned", "sample": args.transform_sample}
                  if args.transform else {})
+        if result["reads"]:
+            extra.update({"serving": "rerank", "rerank_k": READS_RERANK_K})
         result["run_b"] = stack.migrate(args.batch_size, rate, search=(args.clients,
                                                                        args.duration),
                                         kills=2, extra=extra,
                                         deletes=[r.id for r in data["fill"].records[::37]][
                                             :args.deletes])
     result["exactly_once"] = _exactly_once(work, result["run_b"])
+    result["fill"] = _fill(result)
     result["recall"] = _recall(work, old, new, route, data, result["run_b"])
     result["targets"] = targets(result)
     (out / "bench-migrate.json").write_text(json.dumps(result, indent=2))
@@ -114,6 +121,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ setup
+def prepare(args: argparse.Namespace, work: Path) -> tuple[Any, Any, Any, dict[str, Any],
+                                                            dict[str, Any]]:
+    """OLD and NEW (``--quick``: random tiny ones), the images on disk, the route fitted,
+    the gallery built by OLD and the route promoted: (old, new, route, data, setup)."""
+    old, new = _models(args, work)
+    start = time.perf_counter()
+    data = _write_images(work, args)
+    route = _fit_route(old, new, data, args, work)
+    setup = _build(work, old, route, data, args)
+    setup["seconds"] = round(time.perf_counter() - start, 1)
+    return old, new, route, data, setup
+
+
 def _models(args: argparse.Namespace, work: Path) -> tuple[Any, Any]:
     from training.artifacts import load_artifact
 
@@ -280,6 +300,18 @@ class Stack:
         r.raise_for_status()
         return r.json()
 
+    def start_migration(self, body: dict[str, Any]) -> dict[str, Any]:
+        """POST the migration (``body``: its parameters); the answer (the job)."""
+        r = self.http.post(f"/v1/galleries/{GALLERY}/migration", json=body)
+        r.raise_for_status()
+        return r.json()
+
+    def rss(self) -> dict[str, int]:
+        """The gateway process's resident memory now and at its peak, in KiB."""
+        status = Path(f"/proc/{self.gateway_pid}/status").read_text()
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        return {k: int(fields[k].split()[0]) for k in ("VmRSS", "VmHWM") if k in fields}
+
     def migrate(self, batch_size: int, rate: float, search: tuple[int, float] | None = None,
                 kills: int = 0, extra: dict[str, Any] | None = None,
                 deletes: list[str] | None = None) -> dict[str, Any]:
@@ -289,13 +321,10 @@ class Stack:
         (a transform and its order)."""
         if self.worker is None:
             self.start_worker()
-        r = self.http.post(f"/v1/galleries/{GALLERY}/migration",
-                           json={"shards": 1, "batch_size": batch_size, "rate_limit": rate,
-                                 **(extra or {})})
-        r.raise_for_status()
+        job = self.start_migration({"shards": 1, "batch_size": batch_size,
+                                    "rate_limit": rate, **(extra or {})})
         submitted = time.monotonic()
-        total = int(r.json()["result"].get("listed") or sum(s["total"]
-                                                             for s in r.json()["shards"]))
+        total = int(job["result"].get("listed") or sum(s["total"] for s in job["shards"]))
         out: dict[str, Any] = {"rate_limit": rate, "kills": 0, "params": extra or {}}
         _poll(lambda: self.view()["progress"]["done"] > 0, 600, "backfill start")
         started = time.monotonic()
@@ -328,6 +357,9 @@ class Stack:
         out["forced_switch"] = forced
         job = self.http.get(f"/v1/jobs/{view['job']}").json()
         out.update({"job": view["job"], "state": view["state"], "total": total,
+                    "serving": view.get("serving"),
+                    "filled_by_reads": view["progress"].get("filled_by_reads"),
+                    "filled_by_backfill": view["progress"].get("filled_by_backfill"),
                     "gate": view["gate"], "result": view["result"],
                     "attempts": [s["attempts"] for s in job["shards"]],
                     "source": view["source"], "target": view["target"],
@@ -378,7 +410,9 @@ ADMIN_KEY = "bench-admin"
 
 
 @contextlib.contextmanager
-def _stack(work: Path) -> Iterator[Stack]:
+def _stack(work: Path, extra_env: dict[str, str] | None = None) -> Iterator[Stack]:
+    """The gateway (a child process) on the work dir's settings, ``extra_env`` added
+    (NOBACKFILL_* settings); the worker starts on demand."""
     from service.stack.launch import gateway_child
 
     settings = _settings(work)
@@ -386,7 +420,7 @@ def _stack(work: Path) -> Iterator[Stack]:
            "NOBACKFILL_ADMIN_API_KEYS": json.dumps({"bench": ADMIN_KEY}),
            "NOBACKFILL_ACCESS_LOG": "false", "NOBACKFILL_JOB_STALE_AFTER_S": "10",
            "NOBACKFILL_JOB_HEARTBEAT_S": "1", "NOBACKFILL_WORKER_NAME": "bench@localhost",
-           "NOBACKFILL_BOOTSTRAP": "false"}
+           "NOBACKFILL_BOOTSTRAP": "false", **(extra_env or {})}
     with gateway_child(env, work / "gateway.log") as (url, gateway):
         stack = Stack(work, url, env, gateway.pid)
         try:
@@ -415,12 +449,14 @@ def _poll(check: Any, timeout: float, what: str) -> Any:
         if value:
             return value
         time.sleep(0.2)
-    raise SystemExit(f"bench migrate: timed out after {timeout:.0f}s waiting for {what}")
+    raise SystemExit(f"bench: timed out after {timeout:.0f}s waiting for {what}")
 
 
 # ------------------------------------------------------------------ checks after the runs
 def _exactly_once(work: Path, run_b: dict[str, Any]) -> dict[str, Any]:
-    """Both sides of run B, read back: ids lost or extra in the new side, duplicates."""
+    """Both sides of run B, read back: ids lost or extra in the new side, duplicates; who
+    made the new side's vectors (``made.by``: embed, or transform) and how (``made.via``:
+    read, by a reranked search's read-through fill; else the backfill)."""
     from service.state.gallery import GalleryStore, open_qdrant
 
     store = GalleryStore(open_qdrant(_settings(work)), serialise=True)
@@ -432,7 +468,11 @@ def _exactly_once(work: Path, run_b: dict[str, Any]) -> dict[str, Any]:
         store.close()
     deleted = set(run_b.get("deleted", []))
     made = {str((s.made or {}).get("by", "embed")) for s in target.values()}
-    return {"source_items": len(source), "target_items": len(target), "target_points": points,
+    via: dict[str, int] = {}
+    for s in target.values():
+        key = str((s.made or {}).get("via", "backfill"))
+        via[key] = via.get(key, 0) + 1
+    return {"via": dict(sorted(via.items())),"source_items": len(source), "target_items": len(target), "target_points": points,
             "lost": len(source - set(target)), "extra": len(set(target) - source),
             "duplicated": points - len(target), "deleted": len(deleted),
             "resurrected": len(deleted & (source | set(target))), "made": sorted(made)}
@@ -479,6 +519,16 @@ def _recall(work: Path, old: Any, new: Any, route: Any, data: dict[str, Any],
             "stored_vs_new_cosine_min": round(float(cosine.min()), 6)}
 
 
+def _fill(result: dict[str, Any]) -> dict[str, Any]:
+    """Who wrote run B's new side: reranked searches (read-through fill) and the backfill,
+    as the migration view counted them at the switch and as the side stores them."""
+    b, once = result["run_b"], result["exactly_once"]
+    reads, backfill = b.get("filled_by_reads") or 0, b.get("filled_by_backfill") or 0
+    return {"filled_by_reads": reads, "applied_by_backfill": backfill,
+            "sum": reads + backfill, "items": once["target_items"],
+            "stored_via": once["via"]}
+
+
 # ------------------------------------------------------------------ report
 def targets(result: dict[str, Any]) -> dict[str, Any]:
     ratio = result["run_a"]["backfill_items_per_s"] / result["encoder"]["items_per_s"]
@@ -495,6 +545,9 @@ def targets(result: dict[str, Any]) -> dict[str, Any]:
             "met": once["lost"] == once["duplicated"] == once["extra"] == once["resurrected"]
             == 0 and result["run_b"]["kills"] == 2 and once["made"] == ["embed"]},
         "no search errors": {"value": errors, "met": errors == 0},
+        **({"--reads: reranked searches filled part of run B's new side (by reads)": {
+            "value": once["via"].get("read", 0), "met": once["via"].get("read", 0) > 0
+            and result["run_b"].get("serving") == "rerank"}} if result.get("reads") else {}),
         "both runs switched": {"value": [result["run_a"]["state"], result["run_b"]["state"]],
                                "met": result["run_a"]["state"] == result["run_b"]["state"]
                                == "switched"},
@@ -515,7 +568,8 @@ def render(result: dict[str, Any]) -> str:
              (f"| run B backfill (rate limit {b['rate_limit']}/s, 2 kills) | "
               f"{b['backfill_items_per_s']} |"), "",
              "| text search | QPS | p50 ms | p99 ms | errors |", "|---|---|---|---|---|"]
-    for name, cell in (("idle", result["idle"]), ("during run B", b["search"])):
+    during = "during run B" + (" (reranked, k 20)" if result.get("reads") else "")
+    for name, cell in (("idle", result["idle"]), (during, b["search"])):
         lines.append(f"| {name} | {cell['qps']:.1f} | {cell['p50_ms']:.1f} | "
                      f"{cell['p99_ms']:.1f} | {cell['errors']} |")
     lines += ["", "| R@1 on the test set | t2i | i2t |", "|---|---|---|"]
@@ -530,6 +584,11 @@ def render(result: dict[str, Any]) -> str:
                f"it, {once['resurrected']} resurrected; the new side's vectors made by "
                f"{once['made']}); shard attempts {b['attempts']}; run B's parameters "
                f"{b['params']}")]
+    fill = result.get("fill")
+    if fill:
+        lines.append(f"run B's new side filled by reads {fill['filled_by_reads']}, applied by "
+                     f"the backfill {fill['applied_by_backfill']}: {fill['sum']} for "
+                     f"{fill['items']} items (stored: {fill['stored_via']})")
     for name, run in (("A", a), ("B", b)):
         if run.get("forced_switch"):
             lines.append(f"run {name}: the gate refused the switch ({run['forced_switch']}); "

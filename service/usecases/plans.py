@@ -7,8 +7,8 @@ Applying starts the job that makes the option happen, through the usual gate:
   size and seed, ``auto_promote``: registered, gated against the gallery, promoted if the
   gate passes;
 - a trained XBT version (``xbt:*``): an ``evaluate`` job on it, ``auto_promote``;
-- a migration (``migrate*``): a ``migrate`` job with the option's transform, order and
-  switch rule. A migration re-embeds with the version that serves the gallery, so the
+- a migration (``migrate*``, ``rerank@k``): a ``migrate`` job with the option's transform,
+  order and switch rule (a ``rerank@k``: serving ``rerank`` with that k). A migration re-embeds with the version that serves the gallery, so the
   candidate must serve it first: applying a route option of the same plan does that (the
   version it promotes does not make the plan stale).
 

@@ -155,7 +155,7 @@ def run_transform(ctx: RunContext) -> dict[str, Any]:
     ctx.heartbeat.advance(0, {"stage": "transform: embedding the sample"})
     backfill_shard(encoder, reader, sample, 0, p.batch_size,
                    read_ahead(ctx.settings.migration_read_ahead, encoder.device), version,
-                   space, collect, lambda pos, n: ctx.heartbeat.advance(pos, {
+                   space, collect, lambda pos, n, skipped: ctx.heartbeat.advance(pos, {
                        "stage": "transform: embedding the sample"}))
     embed_s = time.monotonic() - start
     ctx.heartbeat.advance(len(sample), {"stage": "transform: fitting"})

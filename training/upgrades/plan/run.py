@@ -185,6 +185,10 @@ def run_plan(new: Artifact | ModelSpec, old: Artifact, space: str, sample: Any,
                               {"transform": True, "order": name.split("+")[-1],
                                "switch": "progressive", "sample": k_items, "seed": seed})},
             served=served, switch_at=switch, side=side, overhead_fraction=overhead))
+    stage("simulate rerank on read")
+    options += rerank_options(whole, routed_of[serving.name], whole_scorer, costs, new_enc,
+                              texts, images, _minus(after_ms, old_ms), serving.name,
+                              side_bytes)
     plan = make_plan(options, scorer, costs, constraints, old_hits, new_hits)
     plan.update({
         "sample": {"items": k_items, "pairs": {k: len(v) for k, v in sample_new.items()},
@@ -203,6 +207,57 @@ def run_plan(new: Artifact | ModelSpec, old: Artifact, space: str, sample: Any,
                     "total": round(time.perf_counter() - started, 3)},
         "grid": list(GRID)})
     return plan
+
+
+def rerank_options(whole: Embedded, routed: Mapping[str, np.ndarray], scorer: Scorer,
+                   costs: Costs, new_enc: Encoder, texts: Sequence[str], images: Sequence[Any],
+                   after_ms: dict[str, float], route: str, side_bytes: int) -> list[Option]:
+    """``rerank@k`` for k in ``KS``: a migration (every item re-embedded, the switch at the
+    end) whose searches are served meanwhile by the route's top k ranked by NEW
+    (``training.upgrades.rerank``), the same from the first query. Its added latency per
+    query: the migration's query (``after_ms``) plus NEW embedding k candidates at batch k
+    (a cold search: images for a text query, captions for an image query); a warm search
+    reads them instead (``bench rerank`` measures both through the gateway). Its compute
+    is the backfill's: the items a read embeds are written and the backfill skips them."""
+    from training.upgrades.rerank import DIRECTIONS, KS, candidates, reranked_hits
+
+    out = []
+    for k in KS:
+        hits = {d: reranked_hits(candidates(routed[qk], whole.item_old[ik], k),
+                                 whole.query_new[qk], whole.item_new[ik], whole.relevant[d])
+                for d, (qk, ik) in DIRECTIONS.items()}
+        cold = {"text": _batch_ms(new_enc.encode_images, images, k),  # a text query's
+                "image": _batch_ms(new_enc.encode_texts, texts, k)}   # candidates
+        served = {f: hits for f in GRID if f < 1}
+        served[1.0] = scorer.new
+        out.append(Option(
+            f"rerank@{k}", "migration",
+            f"re-embed every item; meanwhile each search is {route}'s top {k} ranked by the "
+            f"new model (their vectors embedded on the read and kept); switch at the end",
+            compute_seconds=costs.backfill_seconds, compute_fraction=1.0, hits=scorer.new,
+            scorer=scorer, added_latency_ms={q: after_ms[q] + cold[q] for q in after_ms},
+            storage={"gallery_bytes": side_bytes, "model_bytes": 0},
+            apply={"kind": "migrate", "route": route,
+                   "params": {"transform": False, "serving": "rerank", "rerank_k": k}},
+            served=served, switch_at=1.0,
+            note=(f"a cold search embeds up to {k} candidates: text query +{cold['text']:.1f} "
+                  f"ms, image query +{cold['image']:.1f} ms on this host; a warm one reads "
+                  f"them (bench rerank); compute per cold search {k} item embeddings, "
+                  f"{k * costs.item_seconds * 1e3:.1f} ms of NEW at the backfill's rate")))
+    return out
+
+
+def _batch_ms(encode: Callable[[list[Any]], Any], inputs: Sequence[Any], k: int,
+              repeats: int = 3) -> float:
+    """Median ms of NEW embedding ``k`` inputs (cycled when fewer) at batch ``k``."""
+    batch = [inputs[n % len(inputs)] for n in range(k)]
+    encode(batch[:1])
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        encode(batch)
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
 
 
 @dataclass

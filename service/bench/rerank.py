@@ -1,0 +1,362 @@
+"""``nobackfill bench rerank``: rerank on read (``service/usecases/rerank.py``) through the
+real gateway and worker processes on the embedded default, a 20,000-item gallery
+mid-migration.
+
+The gallery is ``bench migrate``'s (``service.bench.migrate.prepare``: the test set and
+synthetic images on disk, embedded by OLD, NEW's Procrustes route promoted). A migration
+to NEW's native space starts with ``backfill: "paused"`` and ``serving: "route"``: the
+bulk backfill waits (a worker runs; its shard parks), so the new side fills only by what
+reranked searches embed and write (read-through fill), and the gallery stays
+mid-migration for the whole run. Text queries (a reranked t2i search embeds its candidate
+images) are distinct captions of the test items, ``top_k = rerank_k = k`` so that every
+candidate is in the answer.
+
+1. Plain search (``rerank: false``): p50/p99 at 1 client over the queries; QPS at
+   ``--clients`` clients.
+2. For k in 10 and 20, on a fresh set of queries each: a cold pass (their candidates are
+   not embedded yet, except where they overlap an earlier query's) and a warm pass (the
+   same queries again: every candidate is read from the new side) at 1 client; QPS at
+   ``--clients`` clients, warm; vectors embedded and read per search, searches that
+   embedded nothing, kept candidates, over-budget candidates, errors.
+3. The gateway's resident memory; the new side read back after the run: its items are
+   exactly the candidates the reranked answers ranked by NEW (every candidate not kept in
+   the route's place), all of them written by reads.
+
+The rerank budget (``NOBACKFILL_RERANK_BUDGET_MS``) is fixed by ``--budget-ms``.
+Targets: warm p50 <= 1.3x plain; cold p50 <= 3x plain at k = 20; rerank p99 <= plain p99
++ the budget; 0 errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from training.console import report_command
+
+KS = (10, 20)
+WARM_RATIO = 1.3  # warm rerank p50 over plain p50
+COLD_RATIO = 3.0  # cold rerank p50 over plain p50, at k = COLD_K
+COLD_K = 20
+WARMUP = 5  # plain searches (and reranks of k = 1) before anything is measured
+QUICK = {"items": 600, "test_items": 200, "sample": 300, "queries": 12}
+
+
+def register(sub: argparse._SubParsersAction, name: str) -> None:
+    p = sub.add_parser(name, help="rerank on read, a 20,000-item gallery mid-migration: "
+                                  "plain search against rerank@10 and @20, cold and warm")
+    p.add_argument("--base", default="runs/bench-base", help="holds bench base's old/ and new/")
+    p.add_argument("--out", default="runs/bench-rerank", help="results, logs and work files")
+    p.add_argument("--items", type=int, default=20_000, help="gallery size (test set included)")
+    p.add_argument("--test-items", type=int, default=1000,
+                   help="bench base's test set size (the first items of the gallery)")
+    p.add_argument("--sample", type=int, default=10_000, help="items the route is fitted on")
+    p.add_argument("--batch-size", type=int, default=256, help="items per forward of the "
+                                                               "gallery's ingest")
+    p.add_argument("--queries", type=int, default=200,
+                   help="text queries per pass (each k gets a fresh set)")
+    p.add_argument("--clients", type=int, default=8, help="concurrent clients for QPS")
+    p.add_argument("--budget-ms", type=float, default=250.0,
+                   help="the gateway's rerank_budget_ms (NOBACKFILL_RERANK_BUDGET_MS)")
+    p.add_argument("--quick", action="store_true", help="smoke run: random tiny models, 600 "
+                                                        "items, 12 queries per pass")
+    p.add_argument("--keep", action="store_true", help="keep the work directory")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=report_command(run, render))
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from service.bench.migrate import _stack, prepare
+    from service.bench.setup import fresh_work_dir
+
+    if args.quick:
+        args = argparse.Namespace(**{**vars(args), **QUICK})
+    out = Path(args.out)
+    work = fresh_work_dir(out)
+    old, new, _, data, setup = prepare(args, work)
+    texts = _queries(data["test"], WARMUP + args.queries * len(KS))
+    if len(texts) < WARMUP + args.queries * len(KS):
+        raise SystemExit(f"bench rerank: the test set has {len(texts)} distinct captions; "
+                         f"{WARMUP + args.queries * len(KS)} are needed")
+    warmup, sets = texts[:WARMUP], [texts[WARMUP + i * args.queries:
+                                          WARMUP + (i + 1) * args.queries]
+                                    for i in range(len(KS))]
+    result: dict[str, Any] = {"items": args.items, "old": old.version_id,
+                              "new": new.version_id, "setup": setup,
+                              "queries": args.queries, "clients": args.clients,
+                              "budget_ms": args.budget_ms}
+    answers: list[dict[str, Any]] = []  # every reranked answer (the fill check)
+    env = {"NOBACKFILL_RERANK_BUDGET_MS": str(args.budget_ms)}
+    with _stack(work, env) as stack:
+        stack.start_worker()
+        job = stack.start_migration({"shards": 1, "batch_size": args.batch_size,
+                                     "serving": "route", "backfill": "paused"})
+        result["migration"] = {"job": job["id"], "view": _brief(stack.view())}
+        url = stack.url
+        answers += _warm_up(url, warmup)
+        result["rss_kib_before"] = stack.rss()
+        plain = [{"text": t, "top_k": KS[-1], "rerank": False} for t in sets[0]]
+        result["plain"] = {"k": KS[-1], **_cell(_drive(url, plain, 1)),
+                           "qps": _cell(_drive(url, plain, args.clients))["qps"]}
+        result["rerank"] = {}
+        for k, queries in zip(KS, sets, strict=True):
+            bodies = [{"text": t, "top_k": k, "rerank": True, "rerank_k": k} for t in queries]
+            cold = _drive(url, bodies, 1)
+            _settle(stack)  # embeddings that outlived their budget are written
+            warm = _drive(url, bodies, 1)
+            busy = _drive(url, bodies, args.clients)
+            answers += [a for r in (cold, warm, busy) for a in r["answers"]]
+            result["rerank"][str(k)] = {"cold": _cell(cold), "warm": _cell(warm),
+                                        "warm_clients": _cell(busy)}
+        _settle(stack)
+        result["rss_kib_after"] = stack.rss()
+        result["migration"]["after"] = _brief(stack.view())
+        result["migration"]["target"] = stack.view()["target"]
+    result["fill"] = _fill_check(work, result, answers)
+    result["targets"] = targets(result)
+    (out / "bench-rerank.json").write_text(json.dumps(result, indent=2))
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
+def _queries(test: Any, n: int) -> list[str]:
+    """Up to ``n`` distinct captions, one item after another (its first caption not
+    already taken), then the items' further captions."""
+    texts, owners = test.captions("en")
+    by_item: dict[int, list[str]] = {}
+    for text, owner in zip(texts, owners, strict=True):
+        by_item.setdefault(owner, []).append(text)
+    seen: dict[str, None] = {}
+    for round_ in range(max(len(v) for v in by_item.values())):
+        for item in sorted(by_item):
+            if round_ < len(by_item[item]) and by_item[item][round_] not in seen:
+                seen[by_item[item][round_]] = None
+                if len(seen) == n:
+                    return list(seen)
+    return list(seen)
+
+
+def _brief(view: dict[str, Any]) -> dict[str, Any]:
+    p = view.get("progress", {})
+    return {"state": view["state"], "phase": view.get("phase"), "serving": view.get("serving"),
+            **{k: p.get(k) for k in ("paused", "filled_by_reads", "filled_by_backfill",
+                                     "done", "total")}}
+
+
+def _warm_up(url: str, texts: list[str]) -> list[dict[str, Any]]:
+    """First requests pay one-off costs: plain searches, and reranks of one candidate (the
+    new side's embedder loads; each fills at most one item). Waits (up to 5 minutes) until
+    a rerank is answered: the gateway serves the migration. Its reranked answers."""
+    deadline = time.monotonic() + 300
+    while True:
+        probe = _drive(url, [{"text": texts[0], "top_k": 1, "rerank": True, "rerank_k": 1}], 1)
+        if not probe["errors"]:
+            break
+        if time.monotonic() > deadline:
+            raise SystemExit(f"bench rerank: a rerank is refused: {probe['first_error']}")
+        time.sleep(0.5)
+    _drive(url, [{"text": t, "top_k": 10, "rerank": False} for t in texts], 1)
+    warm = _drive(url, [{"text": t, "top_k": 1, "rerank": True, "rerank_k": 1} for t in texts], 1)
+    if warm["errors"]:
+        raise SystemExit(f"bench rerank: warm-up failed: {warm['first_error']}")
+    return probe["answers"] + warm["answers"]
+
+
+def _settle(stack: Any, quiet_s: float = 1.0, timeout: float = 120.0) -> None:
+    """Until the new side's count (filled by reads) has not moved for ``quiet_s``."""
+    deadline = time.monotonic() + timeout
+    last, since = None, time.monotonic()
+    while time.monotonic() < deadline:
+        count = stack.view()["progress"].get("filled_by_reads")
+        if count != last:
+            last, since = count, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return
+        time.sleep(0.2)
+
+
+# ------------------------------------------------------------------ the clients
+def _drive(url: str, bodies: list[dict[str, Any]], clients: int) -> dict[str, Any]:
+    """Every body sent once, by ``clients`` closed-loop clients (each takes the next body;
+    one keep-alive connection each, ``service.bench.load``'s lean HTTP client); the answers
+    are parsed after the pass, so that parsing does not take CPU from the gateway."""
+    return asyncio.run(_pass(url, bodies, clients))
+
+
+async def _pass(url: str, bodies: list[dict[str, Any]], clients: int) -> dict[str, Any]:
+    from service.bench.load import Connection, post_json
+    from service.bench.migrate import GALLERY
+
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    path = f"/v1/galleries/{GALLERY}/search"
+    requests = [post_json(host, port, path, body) for body in bodies]
+    raw: list[tuple[float, int, bytes] | str | None] = [None] * len(requests)
+    taken = iter(range(len(requests)))
+
+    async def client() -> None:
+        connection = Connection(host, port)
+        try:
+            for i in taken:
+                t0 = time.perf_counter()
+                try:
+                    status, body = await connection.send(requests[i])
+                except (OSError, ValueError, asyncio.IncompleteReadError) as exc:
+                    raw[i] = f"{type(exc).__name__}: {exc}"
+                else:
+                    raw[i] = ((time.perf_counter() - t0) * 1e3, status, body)
+        finally:
+            connection.close()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    seconds = time.perf_counter() - start
+    latencies, answers, errors = [], [], []
+    for got in raw:
+        if not isinstance(got, tuple):
+            errors.append(str(got))
+            continue
+        ms, status, body = got
+        if status != 200:
+            errors.append(f"{status}: {body[:200].decode(errors='replace')}")
+            continue
+        latencies.append(ms)
+        answer = json.loads(body)
+        answers.append({"ids": [h["id"] for h in answer["hits"]], "route": answer["route"],
+                        "reranked": answer.get("reranked")})
+    return {"clients": clients, "requests": len(bodies), "seconds": seconds,
+            "latencies_ms": latencies, "errors": len(errors),
+            "first_error": errors[0] if errors else None, "answers": answers}
+
+
+def _cell(run: dict[str, Any]) -> dict[str, Any]:
+    """A pass's figures: latency, QPS, errors; for reranked answers, what they did."""
+    from service.bench.load import percentile
+
+    lat, answers = run["latencies_ms"], run["answers"]
+    out: dict[str, Any] = {
+        "clients": run["clients"], "requests": run["requests"], "errors": run["errors"],
+        "first_error": run["first_error"], "qps": round(len(lat) / run["seconds"], 2),
+        "p50_ms": round(percentile(lat, 50), 2), "p99_ms": round(percentile(lat, 99), 2),
+        "mean_ms": round(sum(lat) / max(1, len(lat)), 2)}
+    reranked = [a["reranked"] for a in answers if a["reranked"]]
+    if reranked:
+        n = len(reranked)
+        out.update({
+            "reranked": n, "embedded_mean": round(sum(r["embedded"] for r in reranked) / n, 2),
+            "read_mean": round(sum(r["read"] for r in reranked) / n, 2),
+            "embedded_none_share": round(sum(r["embedded"] == 0 for r in reranked) / n, 3),
+            "embedded": sum(r["embedded"] for r in reranked),
+            "kept": sum(len(r["kept_route_place"]) for r in reranked),
+            "over_budget": sum(r["over_budget"] for r in reranked),
+            "budget_ms": reranked[0]["budget_ms"]})
+    if len(reranked) != len(answers):
+        out["not_reranked"] = len(answers) - len(reranked)
+    return out
+
+
+# ------------------------------------------------------------------ after the run
+def _fill_check(work: Path, result: dict[str, Any],
+                answers: list[dict[str, Any]]) -> dict[str, Any]:
+    """The new side read back (the gateway stopped: local Qdrant is one process's) against
+    what the reranked answers said: the candidates NEW ranked (each answer's hits but those
+    that kept the route's place) are the items the side holds, every one written by a read
+    (``made.via: "read"``)."""
+    from service.bench.migrate import _settings
+    from service.state.gallery import GalleryStore, open_qdrant
+
+    ranked: set[str] = set()
+    for a in answers:
+        ranked |= set(a["ids"]) - set((a["reranked"] or {}).get("kept_route_place", ()))
+    collection = result["migration"]["target"]["collection"]
+    store = GalleryStore(open_qdrant(_settings(work)), serialise=True)
+    try:
+        stored = store.stored(collection)
+        points = store.count(collection)
+    finally:
+        store.close()
+    via_read = sum((s.made or {}).get("via") == "read" for s in stored.values())
+    embedded = sum(a["reranked"]["embedded"] for a in answers if a["reranked"])
+    return {"new_side_items": len(stored), "new_side_points": points, "via_read": via_read,
+            "by_embed": sum((s.made or {}).get("by", "embed") == "embed"
+                            for s in stored.values()),
+            "filled_by_reads_view": result["migration"]["after"]["filled_by_reads"],
+            "filled_by_backfill_view": result["migration"]["after"]["filled_by_backfill"],
+            "ranked_by_new": len(ranked), "missing": len(ranked - set(stored)),
+            "unexplained": len(set(stored) - ranked),
+            "embedded_reported": embedded, "reranked_answers": sum(
+                1 for a in answers if a["reranked"])}
+
+
+# ------------------------------------------------------------------ report
+def targets(result: dict[str, Any]) -> dict[str, Any]:
+    plain, budget = result["plain"], result["budget_ms"]
+    cells = result["rerank"]
+    out: dict[str, Any] = {}
+    for k, cell in cells.items():
+        ratio = cell["warm"]["p50_ms"] / plain["p50_ms"]
+        out[f"warm rerank@{k} p50 <= {WARM_RATIO}x plain"] = {
+            "value": round(ratio, 2), "met": ratio <= WARM_RATIO}
+    cold = cells[str(COLD_K)]["cold"]["p50_ms"] / plain["p50_ms"]
+    out[f"cold rerank@{COLD_K} p50 <= {COLD_RATIO}x plain"] = {
+        "value": round(cold, 2), "met": cold <= COLD_RATIO}
+    worst = max(c[p]["p99_ms"] for c in cells.values() for p in ("cold", "warm"))
+    out[f"rerank p99 (1 client) <= plain p99 + budget ({budget:g} ms)"] = {
+        "value": f"{worst:.1f} ms <= {plain['p99_ms'] + budget:.1f} ms",
+        "met": worst <= plain["p99_ms"] + budget}
+    errors = plain["errors"] + sum(c[p]["errors"] for c in cells.values() for p in c)
+    out["0 errors"] = {"value": errors, "met": errors == 0}
+    fill = result["fill"]
+    out["new side == the distinct candidates ranked by NEW, all filled by reads"] = {
+        "value": f"{fill['new_side_items']} items, {fill['ranked_by_new']} ranked, "
+                 f"{fill['via_read']} via read, view {fill['filled_by_reads_view']}",
+        "met": fill["new_side_items"] == fill["ranked_by_new"] == fill["via_read"]
+        == fill["filled_by_reads_view"] == fill["new_side_points"]
+        and fill["missing"] == fill["unexplained"] == 0 and not fill["filled_by_backfill_view"]}
+    warm = sum(c[p].get("embedded", 0) for c in cells.values() for p in ("warm", "warm_clients"))
+    out["warm passes embed nothing"] = {"value": warm, "met": warm == 0}
+    return out
+
+
+def render(result: dict[str, Any]) -> str:
+    setup, plain = result["setup"], result["plain"]
+    lines = [(f"bench rerank: {result['items']} items mid-migration (backfill paused), "
+              f"OLD={result['old']} NEW={result['new']} (route: {setup['route']}), "
+              f"{result['queries']} text queries per pass, top_k = rerank_k = k, "
+              f"rerank_budget_ms {result['budget_ms']:g}"), "",
+             (f"| t2i search | p50 ms (1 client) | p99 ms (1 client) | QPS ({result['clients']}"
+              f" clients) | embedded/search | read/search | embedded 0 | kept | over budget"
+              f" | errors |"), "|---|---|---|---|---|---|---|---|---|---|",
+             (f"| plain (top_k {plain['k']}) | {plain['p50_ms']:.1f} | {plain['p99_ms']:.1f} | "
+              f"{plain['qps']:.1f} | - | - | - | - | - | {plain['errors']} |")]
+    for k, cell in result["rerank"].items():
+        for name, pass_ in (("cold", cell["cold"]), ("warm", cell["warm"])):
+            qps = cell["warm_clients"]["qps"] if name == "warm" else None
+            errors = pass_["errors"] + (cell["warm_clients"]["errors"] if name == "warm" else 0)
+            lines.append(
+                f"| rerank@{k} {name} | {pass_['p50_ms']:.1f} | {pass_['p99_ms']:.1f} | "
+                f"{'-' if qps is None else f'{qps:.1f}'} | {pass_.get('embedded_mean', '-')} | "
+                f"{pass_.get('read_mean', '-')} | {pass_.get('embedded_none_share', '-')} | "
+                f"{pass_.get('kept', '-')} | {pass_.get('over_budget', '-')} | {errors} |")
+    before, after, fill = result["rss_kib_before"], result["rss_kib_after"], result["fill"]
+    lines += ["", (f"gateway RSS: {before.get('VmRSS', 0) / 1024:.0f} MiB after warm-up, "
+                   f"{after.get('VmRSS', 0) / 1024:.0f} MiB after the run (peak "
+                   f"{after.get('VmHWM', 0) / 1024:.0f} MiB)"),
+              (f"new side after the run: {fill['new_side_items']} items ({fill['via_read']} "
+               f"written by reads; view: filled_by_reads {fill['filled_by_reads_view']}, "
+               f"by the backfill {fill['filled_by_backfill_view']}); distinct candidates "
+               f"ranked by NEW over {fill['reranked_answers']} reranked answers: "
+               f"{fill['ranked_by_new']} ({fill['missing']} not in the side, "
+               f"{fill['unexplained']} in it unexplained); embedded as reported, summed: "
+               f"{fill['embedded_reported']}"),
+              f"migration after the run: {result['migration']['after']}", "", "targets:"]
+    for name, check in result["targets"].items():
+        lines.append(f"  [{'x' if check['met'] else ' '}] {name}: {check['value']}")
+    return "\n".join(lines)

@@ -1,0 +1,50 @@
+"""``nobackfill bench rerank --quick`` end to end: real gateway and worker processes, random
+tiny models, a 600-item gallery mid-migration. Timings are not asserted (tiny models on a
+shared machine); what must hold at any size is: no errors, the new side holds exactly the
+candidates the reranked answers ranked by NEW (all written by reads, none by the paused
+backfill), and a warm pass embeds nothing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+@pytest.mark.slow
+def test_bench_rerank_quick(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "training.cli", "bench", "rerank", "--quick",
+                          "--out", str(tmp_path / "out"), "--json"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=600, check=True).stdout
+    result = json.loads(out[out.index("{"):])
+    assert (tmp_path / "out" / "bench-rerank.json").is_file()
+    assert result["budget_ms"] == 250.0
+    plain = result["plain"]
+    assert plain["errors"] == 0 and plain["requests"] == result["queries"]
+    assert "reranked" not in plain and plain["qps"] > 0
+    assert set(result["rerank"]) == {"10", "20"}
+    for k, cell in result["rerank"].items():
+        for name in ("cold", "warm", "warm_clients"):
+            assert cell[name]["errors"] == 0, (k, name, cell[name]["first_error"])
+            assert cell[name]["reranked"] == result["queries"], (k, name)
+            assert cell[name]["budget_ms"] == 250.0
+            assert cell[name]["p50_ms"] <= cell[name]["p99_ms"]
+        assert cell["cold"]["embedded"] > 0
+        assert cell["warm"]["embedded"] == cell["warm_clients"]["embedded"] == 0
+        assert cell["warm"]["read_mean"] == int(k)  # every candidate read from the new side
+        assert cell["warm"]["kept"] == 0
+    fill = result["fill"]
+    assert fill["new_side_items"] == fill["new_side_points"] == fill["ranked_by_new"] > 0
+    assert fill["via_read"] == fill["by_embed"] == fill["new_side_items"]
+    assert fill["filled_by_reads_view"] == fill["new_side_items"]
+    assert not fill["filled_by_backfill_view"]
+    assert fill["missing"] == fill["unexplained"] == 0
+    after = result["migration"]["after"]
+    assert after["state"] == "backfilling" and after["paused"] and after["done"] == 0
+    assert result["rss_kib_after"]["VmRSS"] > 0
+    met = {name: check["met"] for name, check in result["targets"].items()}
+    assert met["0 errors"] and met["warm passes embed nothing"]
+    assert met["new side == the distinct candidates ranked by NEW, all filled by reads"]

@@ -1,0 +1,81 @@
+"""Rerank on read simulated on embeddings (training/upgrades/rerank.py): the candidates are
+the route's top k, the answer NEW's best of them, and the fill curve counts each item once
+and a search as warm only when it embeds nothing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from training.upgrades.rerank import (
+    candidates,
+    fill_curve,
+    filled_share,
+    recall_at,
+    reranked_hits,
+    zipf_stream,
+)
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def test_candidates_are_the_routes_top_k_best_first() -> None:
+    rng = np.random.default_rng(0)
+    q, items = _unit(rng.normal(size=(37, 8))), _unit(rng.normal(size=(200, 8)))
+    got = candidates(q, items, 7, chunk=5)
+    expected = np.argsort(-(q @ items.T), axis=1, kind="stable")[:, :7]
+    assert np.array_equal(got, expected)
+
+
+def test_the_reranked_answer_is_news_best_candidate() -> None:
+    rng = np.random.default_rng(1)
+    routed, old = _unit(rng.normal(size=(50, 6))), _unit(rng.normal(size=(80, 6)))
+    new_q, new = _unit(rng.normal(size=(50, 6))), _unit(rng.normal(size=(80, 6)))
+    relevant = rng.random((50, 80)) < 0.1
+    cands = candidates(routed, old, 5)
+    hits = reranked_hits(cands, new_q, new, relevant, chunk=7)
+    for q in range(50):
+        best = max(cands[q], key=lambda i: new_q[q] @ new[i])
+        assert hits[q] == relevant[q, best]
+    # k = every item: NEW's own top-1; k = 1: the route's own top-1
+    everything = reranked_hits(candidates(routed, old, 80), new_q, new, relevant)
+    assert np.array_equal(everything, relevant[np.arange(50), (new_q @ new.T).argmax(1)])
+    first = reranked_hits(candidates(routed, old, 1), new_q, new, relevant)
+    assert np.array_equal(first, relevant[np.arange(50), (routed @ old.T).argmax(1)])
+    fused = reranked_hits(cands, new_q, new, relevant, routed, old)
+    for q in range(50):
+        best = max(cands[q], key=lambda i: new_q[q] @ new[i] + routed[q] @ old[i])
+        assert fused[q] == relevant[q, best]
+    assert np.array_equal(recall_at(cands, relevant),
+                          np.array([relevant[q, cands[q]].any() for q in range(50)]))
+
+
+def test_the_fill_counts_each_item_once_and_warm_means_nothing_embedded() -> None:
+    stream = np.array([[0, 1], [1, 2], [0, 1], [2, 0], [3, 4], [3, 4]])
+    out = fill_curve(stream, 10, window=2, points=(0.2, 0.3, 0.5, 0.9))
+    # embedded after each search: 2, 3, 3, 3, 5, 5 of 10; warm: F F T T F T
+    assert out["final_filled"] == 0.5 and out["warm_overall"] == pytest.approx(3 / 6)
+    by = {p["filled"]: p for p in out["curve"]}
+    assert by[0.2]["search"] == 0 and by[0.2]["warm"] is None  # no whole window yet
+    assert by[0.3]["search"] == 1 and by[0.3]["warm"] == 0.0
+    assert by[0.5]["search"] == 4 and by[0.5]["warm"] == 0.5
+    assert by[0.9]["search"] is None
+    assert out["warm_80_at_search"] == 3 and out["warm_80_at_filled"] == 0.3
+    assert filled_share([stream[:2], stream[4:]], 10) == 0.5
+
+
+def test_a_zipf_workload_is_skewed_to_the_popular_items() -> None:
+    items, k = 200, 3
+    owners = {"t2i": np.repeat(np.arange(items), 2), "i2t": np.arange(items)}
+    cands = {"t2i": np.arange(2 * items * k).reshape(-1, k) % 500,
+             "i2t": np.arange(items * k).reshape(-1, k) % 500}
+    rows, picked = zipf_stream(cands, owners, items, 5000, 1.1, seed=3)
+    counts = np.bincount(picked, minlength=items)
+    top = np.sort(counts)[::-1]
+    assert top[:20].sum() > 0.5 * len(picked)  # the 10% most popular: most searches
+    for row, item in zip(rows[:50], picked[:50], strict=True):  # each row is one of its
+        ok = [cands["t2i"][q] for q in np.flatnonzero(owners["t2i"] == item)]  # item's
+        ok.append(cands["i2t"][item])                                        # queries
+        assert any(np.array_equal(row, c) for c in ok)

@@ -1,0 +1,148 @@
+"""Rerank on read, simulated on embeddings (the plan's ``rerank@k`` options and
+``bench frontier``'s rows; the gateway's own is ``service.usecases.rerank``).
+
+A reranked search takes the serving route's top ``k`` items on the OLD side (the route's
+query against the stored OLD vectors) and ranks those ``k`` by NEW's score (NEW's own
+query against the items' NEW vectors: read where the new side holds them, else embedded
+on the read). Every candidate gets its NEW vector (the gateway keeps a candidate it could
+not embed in its route place; the simulation has every source), so a search's answer does
+not depend on how far the backfill has gone: the share is the same from the first query.
+
+``fused``: the candidates ranked by NEW's score plus the route's (both cosines), the
+option the issue asks to offer "if the evidence favours it" (the frontier reports both).
+
+The fill: every search embeds the candidates it did not find, so after a stream of
+queries the new side holds the union of their candidate sets (``fill_curve``: the share
+of searches that embedded nothing, fully warm, against the share of the gallery filled).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+DIRECTIONS = {"t2i": ("text", "image"), "i2t": ("image", "text")}  # (query kind, item kind)
+KS = (5, 10, 20, 50)
+CHUNK = 512
+
+
+def candidates(routed: np.ndarray, items_old: np.ndarray, k: int,
+               chunk: int = CHUNK) -> np.ndarray:
+    """[Q, k] the route's top ``k`` items of each query, best first (``routed``: [Q, D]
+    the route's queries in OLD's space; ``items_old``: [N, D] the stored OLD vectors)."""
+    k = min(k, len(items_old))
+    out = np.empty((len(routed), k), np.int64)
+    for start in range(0, len(routed), chunk):
+        scores = routed[start:start + chunk] @ items_old.T
+        top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+        order = np.argsort(-np.take_along_axis(scores, top, 1), axis=1, kind="stable")
+        out[start:start + chunk] = np.take_along_axis(top, order, 1)
+    return out
+
+
+def reranked_hits(cands: np.ndarray, query_new: np.ndarray, items_new: np.ndarray,
+                  relevant: Any, routed: np.ndarray | None = None,
+                  items_old: np.ndarray | None = None, chunk: int = CHUNK) -> np.ndarray:
+    """[Q] bool: is the top-1 of each query's candidates (``cands``, [Q, k]) by NEW's score
+    relevant. ``relevant``: [Q, N] (an array, or anything sliced by query rows to one).
+    With ``routed`` and ``items_old``: the fused score (NEW's plus the route's)."""
+    out = np.empty(len(cands), bool)
+    for start in range(0, len(cands), chunk):
+        c = cands[start:start + chunk]
+        score = np.einsum("qd,qkd->qk", query_new[start:start + chunk], items_new[c])
+        if routed is not None and items_old is not None:
+            score = score + np.einsum("qd,qkd->qk", routed[start:start + chunk], items_old[c])
+        best = c[np.arange(len(c)), score.argmax(1)]
+        rel = np.asarray(relevant[start:start + chunk])
+        out[start:start + chunk] = rel[np.arange(len(c)), best]
+    return out
+
+
+def recall_at(cands: np.ndarray, relevant: Any, chunk: int = CHUNK) -> np.ndarray:
+    """[Q] bool: does the route's top ``k`` hold a relevant item (the ceiling of rerank@k)."""
+    out = np.empty(len(cands), bool)
+    for start in range(0, len(cands), chunk):
+        c = cands[start:start + chunk]
+        rel = np.asarray(relevant[start:start + chunk])
+        out[start:start + chunk] = np.take_along_axis(rel, c, 1).any(1)
+    return out
+
+
+def filled_share(cands: Sequence[np.ndarray], n: int) -> float:
+    """The share of the ``n`` items a read-through fill holds after every query of
+    ``cands`` (per direction [Q, k] item rows) was searched once."""
+    seen = np.zeros(n, bool)
+    for c in cands:
+        seen[np.asarray(c).ravel()] = True
+    return float(seen.mean())
+
+
+def zipf_stream(cands: dict[str, np.ndarray], owners: dict[str, np.ndarray], items: int,
+                searches: int, s: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """A skewed workload's searches: each picks a test item by popularity ``1 / rank^s``
+    (a random ranking of the ``items`` test items), a direction at random (t2i or i2t),
+    and one of that item's queries in that direction (``owners``: per direction [Q] the
+    test item each query belongs to). Returns ([searches, k] candidate rows, [searches]
+    the picked items)."""
+    rng = np.random.default_rng(seed)
+    rank = rng.permutation(items)  # rank[r] = the item at popularity rank r
+    p = 1.0 / np.arange(1, items + 1) ** s
+    picked = rank[rng.choice(items, size=searches, p=p / p.sum())]
+    by_item = {d: _grouped(o, items) for d, o in owners.items()}
+    directions = rng.choice(sorted(cands), size=searches)
+    rows = np.empty((searches, next(iter(cands.values())).shape[1]), np.int64)
+    for n, (item, d) in enumerate(zip(picked, directions, strict=True)):
+        choices = by_item[d][item]
+        if not len(choices):  # no query of this item in that direction: the other one
+            d = next(x for x in cands if x != d)
+            choices = by_item[d][item]
+        rows[n] = cands[d][choices[rng.integers(len(choices))]]
+    return rows, picked
+
+
+def _grouped(owners: np.ndarray, items: int) -> list[np.ndarray]:
+    order = np.argsort(owners, kind="stable")
+    bounds = np.searchsorted(owners[order], np.arange(items + 1))
+    return [order[bounds[i]:bounds[i + 1]] for i in range(items)]
+
+
+def fill_curve(stream: np.ndarray, n: int, window: int = 1000,
+               points: Sequence[float] = (0.01, 0.02, 0.05, 0.10, 0.15, 0.20, 0.25, 0.30,
+                                          0.40, 0.50)) -> dict[str, Any]:
+    """Searches in order (``stream``: [S, k] candidate rows), each embedding the candidates
+    the new side does not hold yet: per search whether it was fully warm (embedded
+    nothing) and the share of the ``n`` items filled after it. Returns the warm share
+    over the last ``window`` searches at each ``points`` share filled (None: not reached),
+    the filled share at which that rolling warm share first reaches 80%, and totals."""
+    held = np.zeros(n, bool)
+    warm = np.zeros(len(stream), bool)
+    filled = np.zeros(len(stream))
+    count = 0
+    for i, c in enumerate(stream):
+        new = c[~held[c]]
+        warm[i] = len(new) == 0
+        if len(new):
+            new = np.unique(new)
+            held[new] = True
+            count += len(new)
+        filled[i] = count / n
+    csum = np.concatenate([[0], np.cumsum(warm)])
+    idx = np.arange(1, len(stream) + 1)
+    rolling = (csum[idx] - csum[np.maximum(0, idx - window)]) / np.minimum(idx, window)
+    full = idx >= window  # a whole window behind it
+    curve = []
+    for p in points:
+        reached = np.flatnonzero(filled >= p)
+        at = int(reached[0]) if len(reached) else None
+        curve.append({"filled": p, "search": at,
+                      "warm": None if at is None or not full[at] else round(
+                          float(rolling[at]), 4)})
+    hit = np.flatnonzero(full & (rolling >= 0.8))
+    return {"searches": len(stream), "window": window, "curve": curve,
+            "warm_80_at_filled": round(float(filled[hit[0]]), 4) if len(hit) else None,
+            "warm_80_at_search": int(hit[0]) if len(hit) else None,
+            "final_filled": round(float(filled[-1]), 4),
+            "final_warm": round(float(rolling[-1]), 4),
+            "warm_overall": round(float(warm.mean()), 4)}
