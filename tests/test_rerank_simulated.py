@@ -79,3 +79,20 @@ def test_a_zipf_workload_is_skewed_to_the_popular_items() -> None:
         ok = [cands["t2i"][q] for q in np.flatnonzero(owners["t2i"] == item)]  # item's
         ok.append(cands["i2t"][item])                                        # queries
         assert any(np.array_equal(row, c) for c in ok)
+
+
+def test_every_k_at_once_agrees_with_each_k_alone() -> None:
+    from training.upgrades.rerank import every_k
+
+    rng = np.random.default_rng(2)
+    routed, old = _unit(rng.normal(size=(40, 6))), _unit(rng.normal(size=(90, 6)))
+    new_q, new = _unit(rng.normal(size=(40, 6))), _unit(rng.normal(size=(90, 6)))
+    relevant = rng.random((40, 90)) < 0.08
+    cands = candidates(routed, old, 20)
+    got = every_k(cands, new_q, new, relevant, (3, 10, 20), routed, old, 10, chunk=9)
+    for k in (3, 10, 20):
+        assert np.array_equal(got[f"rerank@{k}"],
+                              reranked_hits(cands[:, :k], new_q, new, relevant))
+        assert np.array_equal(got[f"recall@{k}"], recall_at(cands[:, :k], relevant))
+    assert np.array_equal(got["fused@10"], reranked_hits(cands[:, :10], new_q, new, relevant,
+                                                         routed, old))

@@ -16,16 +16,20 @@ by the new model's ranking of the route's candidates.
 
 An item is embedded at most once at a time in a process (single flight, keyed by the new
 side and the item): a second search that needs it waits for the first one's embedding.
-An embedding that outlives its search's budget still finishes and is written, so the
-next search reads it. The fill is written through the gallery's one writer with the
-backfill's etag rule (only if the source still has the etag that was read: a deleted or
-rewritten item never comes back with a stale vector) and never over a vector NEW already
-embedded; each point it writes says so (``made.via: "read"``).
+A search uses a vector as soon as it is embedded; its write follows. An embedding that
+outlives its search's budget still finishes and is written, so the next search reads it.
+The fills that finish together are written as one batch (``_written``: one lock, one
+upsert) through the gallery's one writer with the backfill's etag rule (only if the
+source still has the etag that was read: a deleted or rewritten item never comes back
+with a stale vector) and never over a vector NEW already embedded; each point it writes
+says so (``made.via: "read"``), and the migration job's record of filled items
+(``FilledByReads``) gets its id, so the backfill skips it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
@@ -44,8 +48,23 @@ from service.vectors.backfill import origin_of
 from service.vectors.sources import CAS, SourceStore
 from service.vectors.writer import Batch, DirectWriter
 
+log = logging.getLogger(__name__)
 FILL = "fill"  # the writer's mode for a read-through fill
-_INFLIGHT: dict[tuple[str, str], asyncio.Task[dict[str, np.ndarray] | None]] = {}
+FILL_LINGER_S = 0.005  # a batched fill write waits this long for the fills finishing with it
+Vectors = dict[str, np.ndarray]
+
+
+@dataclass
+class _Flight:
+    """One item's embedding into the new side: ``embedded`` resolves with NEW's vectors (None:
+    a source cannot be read) as soon as they are made; ``task`` then writes them."""
+
+    embedded: asyncio.Future[Vectors | None]
+    task: asyncio.Task[None]
+
+
+_INFLIGHT: dict[tuple[str, str], _Flight] = {}
+_PENDING: dict[str, list[tuple[Stored, Vectors, asyncio.Future[bool]]]] = {}
 
 
 @dataclass
@@ -91,12 +110,13 @@ async def rerank(gateway: Gateway, serving: Any, candidates: list[Hit], query_ne
                if item not in new and item in source}
     if flights:
         left = max(0.0, budget / 1e3 - (time.perf_counter() - started))
-        done, _ = await asyncio.wait(set(flights.values()), timeout=left)
-        for item, task in flights.items():
-            if task in done and task.exception() is None and kind in (task.result() or {}):
-                new[item] = task.result()[kind]  # type: ignore[index]
+        done, _ = await asyncio.wait({f.embedded for f in flights.values()}, timeout=left)
+        for item, flight in flights.items():
+            got = flight.embedded
+            if got in done and got.exception() is None and kind in (got.result() or {}):
+                new[item] = got.result()[kind]  # type: ignore[index]
                 report.embedded += 1
-            elif task not in done:
+            elif got not in done:
                 report.over_budget += 1
     report.kept = [i for i in ids if i not in new]
     scores = {i: float(v @ query_new) for i, v in new.items()}
@@ -136,35 +156,48 @@ def _current(source: Stored | None, target: Stored | None) -> bool:
             and (target.made or {}).get("by", "embed") == "embed")
 
 
-def _flight(gateway: Gateway, serving: Any, other: Any, stored: Stored,
-            ) -> asyncio.Task[dict[str, np.ndarray] | None]:
+def _flight(gateway: Gateway, serving: Any, other: Any, stored: Stored) -> _Flight:
     """The one embedding of ``stored`` into the new side in this process (single flight):
-    a running one is joined, else one is started; it ends by writing what it embedded."""
+    a running one is joined, else one is started; it ends once what it embedded is
+    written."""
     key = (other.collection, stored.id)
     running = _INFLIGHT.get(key)
-    if running is not None and not running.done():
+    if running is not None and not running.task.done():
         return running
-    task = asyncio.get_running_loop().create_task(_fill(gateway, serving, other, stored))
-    _INFLIGHT[key] = task
-    task.add_done_callback(lambda t, key=key: _forget(key, t))
-    return task
+    loop = asyncio.get_running_loop()
+    embedded: asyncio.Future[Vectors | None] = loop.create_future()
+    task = loop.create_task(_fill(gateway, serving, other, stored, embedded))
+    flight = _INFLIGHT[key] = _Flight(embedded, task)
+    task.add_done_callback(lambda t, key=key: _forget(key, flight))
+    return flight
 
 
-def _forget(key: tuple[str, str], task: asyncio.Task[Any]) -> None:
-    if _INFLIGHT.get(key) is task:
+def _forget(key: tuple[str, str], flight: _Flight) -> None:
+    if _INFLIGHT.get(key) is flight:
         del _INFLIGHT[key]
-    if not task.cancelled():
-        task.exception()  # retrieved: an unreadable source is an answer, not a crash
+    if not flight.embedded.done():  # the task failed before it embedded: nothing to use
+        flight.embedded.set_result(None)
+    if not flight.task.cancelled() and flight.task.exception() is not None:
+        log.warning("read-through fill of %s failed: %s", key[1], flight.task.exception())
 
 
-async def _fill(gateway: Gateway, serving: Any, other: Any,
-                stored: Stored) -> dict[str, np.ndarray] | None:
-    """NEW's vectors of every kind the item has, from its kept source, written to the new
-    side (etag rule, never over NEW's own vector) and recorded in the migration job's
-    ``FilledByReads`` (its backfill skips the item); None when a source cannot be read."""
-    embedder: Embedder = other.embedder
+async def _fill(gateway: Gateway, serving: Any, other: Any, stored: Stored,
+                embedded: asyncio.Future[Vectors | None]) -> None:
+    """NEW's vectors of every kind the item has, from its kept source (``embedded`` gets
+    them, or None when a source cannot be read), then written to the new side (etag rule,
+    never over NEW's own vector) and recorded in the migration job's ``FilledByReads``
+    (its backfill skips the item)."""
+    vectors = await _embedded(gateway, other.embedder, stored)
+    embedded.set_result(vectors)
+    if vectors is not None and await _written(gateway, serving, other, stored, vectors) \
+            and serving.migration_job:
+        await asyncio.to_thread(record_filled, gateway.jobs.work_dir(serving.migration_job),
+                                [stored.id])
+
+
+async def _embedded(gateway: Gateway, embedder: Embedder, stored: Stored) -> Vectors | None:
     origin = origin_of(stored.kinds, stored.origin, stored.payload)
-    vectors: dict[str, np.ndarray] = {}
+    vectors: Vectors = {}
     for kind in (k for k in KINDS if k in stored.kinds):
         if not origin.get(kind):
             return None
@@ -174,18 +207,41 @@ async def _fill(gateway: Gateway, serving: Any, other: Any,
         if vector is None:
             return None
         vectors[kind] = np.asarray(vector, np.float32)
-    if not vectors:
-        return None
-    writer = DirectWriter.registered(gateway.store, gateway.settings, gateway.registry,
-                                     serving.gallery)
+    return vectors or None
+
+
+async def _written(gateway: Gateway, serving: Any, other: Any, stored: Stored,
+                   vectors: Vectors) -> bool:
+    """Write one fill with the others finishing within ``FILL_LINGER_S`` (one batch); True
+    when it was written (False: deleted or rewritten since it was read, or NEW's own
+    vector is there already)."""
+    loop = asyncio.get_running_loop()
+    written: asyncio.Future[bool] = loop.create_future()
+    pending = _PENDING.setdefault(other.collection, [])
+    pending.append((stored, vectors, written))
+    if len(pending) == 1:  # the first of a batch flushes it
+        await asyncio.sleep(FILL_LINGER_S)
+        batch = _PENDING.pop(other.collection, [])
+        try:
+            ids = await asyncio.to_thread(_write_fills, gateway, serving.gallery, other, batch)
+        except Exception as exc:  # noqa: BLE001 - every fill of the batch learns it
+            for *_, f in batch:
+                f.set_exception(exc)
+        else:
+            for s, _, f in batch:
+                f.set_result(s.id in ids)
+    return await written
+
+
+def _write_fills(gateway: Gateway, gallery: str, other: Any,
+                 batch: list[tuple[Stored, Vectors, asyncio.Future[bool]]]) -> set[str]:
+    embedder: Embedder = other.embedder
+    writer = DirectWriter.registered(gateway.store, gateway.settings, gateway.registry, gallery)
     made = {"by": "embed", "version": embedder.version, "via": "read"}
-    batch = Batch(FILL, embedder.version, [{"id": stored.id, "etag": stored.etag}],
-                  {other.space: [vectors]}, made=made)
-    applied = await asyncio.to_thread(writer.write, batch)
-    if applied.written and serving.migration_job:
-        await asyncio.to_thread(record_filled, gateway.jobs.work_dir(serving.migration_job),
-                                [stored.id])
-    return vectors
+    applied = writer.write(Batch(FILL, embedder.version,
+                                 [{"id": s.id, "etag": s.etag} for s, _, _ in batch],
+                                 {other.space: [v for _, v, _ in batch]}, made=made))
+    return set(applied.ids)
 
 
 async def _readable(coroutine: Coroutine[Any, Any, np.ndarray]) -> np.ndarray | None:

@@ -72,6 +72,7 @@ class Applied:
     skipped: int = 0  # backfill: deleted or rewritten since they were read
     unreadable: tuple[dict[str, str], ...] = ()
     spooled: int = 0  # handed to the applier, written later (SpooledWriter)
+    ids: tuple[str, ...] = ()  # backfill, transform, fill: the items written
 
 
 @dataclass(frozen=True)
@@ -160,7 +161,7 @@ class DirectWriter(GalleryWriter):
         if items:
             self.store.upsert(m.target.collection, items, batch.version, m.target.space)
         return Applied(written=len(items), skipped=len(batch.items) - len(items),
-                       unreadable=tuple(batch.unreadable))
+                       unreadable=tuple(batch.unreadable), ids=tuple(i.id for i in items))
 
 
 def write_thumbnails(thumbnails: ThumbnailStore, gallery: str, batch: Batch) -> None:

@@ -335,10 +335,9 @@ def rerank_draw(e: Embedded, routed: dict[str, np.ndarray], relevant: dict[str, 
         DIRECTIONS,
         KS,
         candidates,
+        every_k,
         fill_curve,
         filled_share,
-        recall_at,
-        reranked_hits,
         zipf_stream,
     )
 
@@ -347,20 +346,19 @@ def rerank_draw(e: Embedded, routed: dict[str, np.ndarray], relevant: dict[str, 
     cands = {d: candidates(routed[qk], e.vectors[f"old_{ik}"], max(KS))
              for d, (qk, ik) in DIRECTIONS.items()}
     n = len(e.vectors["old_image"])
+    fused_k = int(FUSED.split("@")[1])
+    measured = {d: every_k(cands[d], new_q[qk], e.vectors[f"new_{ik}"], relevant[d], KS,
+                           routed[qk], e.vectors[f"old_{ik}"], fused_k)
+                for d, (qk, ik) in DIRECTIONS.items()}
     out: dict[str, Any] = {"k": {}}
     for k in KS:
-        hits[f"rerank@{k}"] = {d: reranked_hits(cands[d][:, :k], new_q[qk],
-                                                e.vectors[f"new_{ik}"], relevant[d])
-                               for d, (qk, ik) in DIRECTIONS.items()}
+        hits[f"rerank@{k}"] = {d: measured[d][f"rerank@{k}"] for d in DIRECTIONS}
         out["k"][str(k)] = {
-            "route_recall": {d: round(float(recall_at(cands[d][:, :k], relevant[d]).mean()), 4)
+            "route_recall": {d: round(float(measured[d][f"recall@{k}"].mean()), 4)
                              for d in DIRECTIONS},
             "filled_after_queries": round(filled_share([c[:, :k] for c in cands.values()], n),
                                           4)}
-    k = int(FUSED.split("@")[1])
-    hits[FUSED] = {d: reranked_hits(cands[d][:, :k], new_q[qk], e.vectors[f"new_{ik}"],
-                                    relevant[d], routed[qk], e.vectors[f"old_{ik}"])
-                   for d, (qk, ik) in DIRECTIONS.items()}
+    hits[FUSED] = {d: measured[d][FUSED] for d in DIRECTIONS}
     if zipf is not None:
         owners = {"t2i": e.query_owners, "i2t": np.arange(test)}
         stream, _ = zipf_stream({d: c[:, :RERANK_TARGET_K] for d, c in cands.items()},

@@ -60,6 +60,30 @@ def reranked_hits(cands: np.ndarray, query_new: np.ndarray, items_new: np.ndarra
     return out
 
 
+def every_k(cands: np.ndarray, query_new: np.ndarray, items_new: np.ndarray, relevant: Any,
+            ks: Sequence[int], routed: np.ndarray, items_old: np.ndarray, fused_k: int,
+            chunk: int = CHUNK) -> dict[str, np.ndarray]:
+    """For each k of ``ks`` (``cands``: [Q, max k] best first) at once, reading each block
+    of ``relevant`` once: ``rerank@k`` and ``recall@k`` ([Q] bool, as ``reranked_hits``
+    and ``recall_at``), and ``fused@<fused_k>``."""
+    out = {f"{name}@{k}": np.empty(len(cands), bool) for k in ks
+           for name in ("rerank", "recall")}
+    out[f"fused@{fused_k}"] = np.empty(len(cands), bool)
+    for start in range(0, len(cands), chunk):
+        rows = slice(start, start + chunk)
+        rel = np.asarray(relevant[rows])
+        c = cands[rows]
+        q = np.arange(len(c))
+        new = np.einsum("qd,qkd->qk", query_new[rows], items_new[c])
+        for k in ks:
+            out[f"rerank@{k}"][rows] = rel[q, c[q, new[:, :k].argmax(1)]]
+            out[f"recall@{k}"][rows] = np.take_along_axis(rel, c[:, :k], 1).any(1)
+        fused = new[:, :fused_k] + np.einsum("qd,qkd->qk", routed[rows],
+                                             items_old[c[:, :fused_k]])
+        out[f"fused@{fused_k}"][rows] = rel[q, c[q, fused.argmax(1)]]
+    return out
+
+
 def recall_at(cands: np.ndarray, relevant: Any, chunk: int = CHUNK) -> np.ndarray:
     """[Q] bool: does the route's top ``k`` hold a relevant item (the ceiling of rerank@k)."""
     out = np.empty(len(cands), bool)
