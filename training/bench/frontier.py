@@ -475,8 +475,11 @@ def strategy_rows(draw: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
 
 
 def progressive_key(f: float, switch: float | None) -> str:
-    """What the progressive migration serves at ``f``: the learned side from the switch."""
-    return f"side learned {f:g}" if switch is not None and f >= switch else "routed"
+    """What the progressive migration serves at ``f``: the learned side from the switch;
+    at the end of the backfill (a migration that never switched progressively switches
+    there, past its gate) the side, every item re-embedded."""
+    return f"side learned {f:g}" if (switch is not None and f >= switch) or f >= 1 \
+        else "routed"
 
 
 def progressive_below(draw: dict[str, Any]) -> list[dict[str, Any]]:
@@ -584,13 +587,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from training.bench.xbt import open_base
 
     out = Path(args.out)
-    old, new = open_base(Path(args.base), out)
-    out.mkdir(parents=True)
     draws = []
-    for seed in args.seeds:
-        draw = measure_draw(old, new, args, seed, out)
-        (out / f"draw-{seed}.json").write_text(json.dumps(draw))
-        draws.append(draw)
+    if getattr(args, "from_draws", False):  # the table again from the kept draws
+        draws = [json.loads((out / f"draw-{seed}.json").read_text()) for seed in args.seeds]
+    else:
+        old, new = open_base(Path(args.base), out)
+        out.mkdir(parents=True)
+        for seed in args.seeds:
+            draw = measure_draw(old, new, args, seed, out)
+            (out / f"draw-{seed}.json").write_text(json.dumps(draw))
+            draws.append(draw)
+    return summarised(args, draws, out)
+
+
+def summarised(args: argparse.Namespace, draws: list[dict[str, Any]],
+               out: Path) -> dict[str, Any]:
+    """The table, the targets and the plot of measured draws."""
     rows = combined(draws)
     result = {"seeds": list(args.seeds), "gallery": args.gallery, "test_items": args.test,
               "sample": args.sample, "method": args.method, "ensemble": args.ensemble,
@@ -686,5 +698,7 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
                    help="also a skewed workload: popularity 1/rank^S over the test items, "
                         f"{ZIPF_SEARCHES:,} searches: fully warm searches against the share "
                         "of the gallery filled by reads")
+    p.add_argument("--from-draws", action="store_true", help="no measuring: the table, "
+                   "targets and plot again from the draw-<seed>.json files kept in --out")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=report_command(run, render))
