@@ -237,3 +237,30 @@ def test_pausing_a_running_backfill_is_the_operators_and_the_applier_requeues_it
             time.sleep(0.1)
         shard = gw.jobs.get(job).shards[0]
         assert shard["state"] == "queued" and shard["sends"] == 2
+
+
+def test_a_fused_rerank_ranks_by_the_new_cosine_plus_the_routes(micro_versions, world,
+                                                                 up_trained, tmp_path) -> None:
+    """rerank_score fused: each candidate scored by NEW's cosine (computed here apart from
+    the gateway) plus the route's, best first."""
+    from PIL import Image
+
+    from training.artifacts import load_artifact
+    from training.versions import load_encoder
+
+    with migrating_stack(tmp_path, micro_versions, world, up_trained,
+                         rerank_score="fused") as (client, _):
+        _migrating(client)
+        route = {h["id"]: h["score"] for h in _search(client, top_k=10, rerank=False)["hits"]}
+        answer = _search(client, top_k=10, rerank=True, rerank_k=10)
+        rows = [json.loads(line) for line in (world / "manifest.jsonl").read_text().splitlines()]
+        enc = load_encoder(load_artifact(up_trained), "v3", None)
+        ids = list(route)
+        images = [Image.open(world / rows[int(i[1:])]["image"]).convert("RGB") for i in ids]
+        new = dict(zip(ids, (enc.encode_images(images) @ enc.encode_texts([QUERY])[0]).tolist(),
+                       strict=True))
+        fused = {i: new[i] + route[i] for i in ids}
+        got = [h["id"] for h in answer["hits"]]
+        assert got == sorted(ids, key=lambda i: -fused[i])
+        for h in answer["hits"]:
+            assert h["score"] == pytest.approx(fused[h["id"]], abs=1e-4)

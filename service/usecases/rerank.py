@@ -7,7 +7,8 @@ by the new model's ranking of the route's candidates.
    vector does not count), else embedded now by NEW from the item's kept source (every
    kind the item has, through the gateway's dynamic batching and the image decode
    budget) and written to the new side (the read-through fill, ``FILL``).
-3. The ``k`` ranked by NEW's score of NEW's own query, under one rule for every candidate
+3. The ``k`` ranked by NEW's score of NEW's own query (with ``rerank_score: fused``, plus
+   the route's score of the candidate), under one rule for every candidate
    without a NEW vector (its source cannot be read, it was deleted meanwhile, or its
    embedding did not finish within ``rerank_budget_ms``): **it keeps its place in the
    route's order**, and the candidates NEW scored fill the other places in NEW's order.
@@ -120,6 +121,9 @@ async def rerank(gateway: Gateway, serving: Any, candidates: list[Hit], query_ne
                 report.over_budget += 1
     report.kept = [i for i in ids if i not in new]
     scores = {i: float(v @ query_new) for i, v in new.items()}
+    if gateway.settings.rerank_score == "fused":  # plus the route's own cosine
+        route = {h.id: h.score for h in candidates}
+        scores = {i: s + route[i] for i, s in scores.items()}
     return ranked(candidates, scores, other.embedder.version, other.space), report
 
 
