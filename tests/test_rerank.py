@@ -197,8 +197,10 @@ def test_a_lazy_migration_fills_by_reads_then_its_backfill_skips_them(
             answer = _search(client, top_k=5)
             assert answer["route"] == "rerank" and answer["reranked"]["embedded"] == 10
             target = view["target"]["collection"]
-            filled = {i: s.etag for i, s in gw.store.stored(target).items()}
-            assert len(filled) == 10  # only the reads wrote: the backfill is parked
+            filled = wait_for(lambda: len(got := {i: s.etag for i, s in gw.store.stored(
+                target).items()}) == 10 and got, 30, "the fills (written after the answer)")
+            time.sleep(1.0)
+            assert len(gw.store.stored(target)) == 10  # only the reads wrote: it is parked
             r = client.post("/v1/galleries/shapes/migration/resume", headers=ADMIN)
             assert r.status_code == 200 and r.json()["progress"]["paused"] is False, r.text
             done = wait_for(lambda: (v := migration(client))["job_status"] == "succeeded"

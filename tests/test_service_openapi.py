@@ -105,6 +105,7 @@ def calls(artifact: Path) -> list[Call]:
         r(post, f"{migration}/rollback", headers=ADMIN, json={}),
         r(post, f"{migration}/retire", headers=ADMIN),
         r(post, f"{migration}/cancel", headers=ADMIN),
+        r(post, f"{migration}/pause", headers=ADMIN),
         r(post, f"{migration}/resume", headers=ADMIN),
         r(post, plans, headers=ADMIN, json={"new": {"version": "v3"}}),
         r(post, plans, headers=ADMIN, json={"new": {"version": "v3"}, "objective": "x"}),

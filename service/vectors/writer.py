@@ -72,7 +72,7 @@ class Applied:
     skipped: int = 0  # backfill: deleted or rewritten since they were read
     unreadable: tuple[dict[str, str], ...] = ()
     spooled: int = 0  # handed to the applier, written later (SpooledWriter)
-    ids: tuple[str, ...] = ()  # backfill, transform, fill: the items written
+    ids: tuple[str, ...] = field(default=(), compare=False)  # backfill, transform, fill: written
 
 
 @dataclass(frozen=True)
