@@ -70,7 +70,8 @@ def test_a_plan_measures_every_option_recommends_one_and_applies_a_route_through
         assert view["basis"]["incumbent"] == "v1"
         names = {o["name"] for o in plan["options"]}
         assert ROUTES | {"xbt", "migrate", "migrate:transform+learned",
-                         "migrate:transform+random"} == names
+                         "migrate:transform+random", "rerank@5", "rerank@10", "rerank@20",
+                         "rerank@50"} == names
         for o in plan["options"]:
             if o["measured"]:
                 for d in ("t2i", "i2t"):
