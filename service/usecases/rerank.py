@@ -193,10 +193,8 @@ async def _fill(gateway: Gateway, serving: Any, other: Any, stored: Stored,
     (its backfill skips the item)."""
     vectors = await _embedded(gateway, other.embedder, stored)
     embedded.set_result(vectors)
-    if vectors is not None and await _written(gateway, serving, other, stored, vectors) \
-            and serving.migration_job:
-        await asyncio.to_thread(record_filled, gateway.jobs.work_dir(serving.migration_job),
-                                [stored.id])
+    if vectors is not None:
+        await _written(gateway, serving, other, stored, vectors)
 
 
 async def _embedded(gateway: Gateway, embedder: Embedder, stored: Stored) -> Vectors | None:
@@ -216,9 +214,9 @@ async def _embedded(gateway: Gateway, embedder: Embedder, stored: Stored) -> Vec
 
 async def _written(gateway: Gateway, serving: Any, other: Any, stored: Stored,
                    vectors: Vectors) -> bool:
-    """Write one fill with the others finishing within ``FILL_LINGER_S`` (one batch); True
-    when it was written (False: deleted or rewritten since it was read, or NEW's own
-    vector is there already)."""
+    """Write one fill with the others finishing within ``FILL_LINGER_S`` (one batch, its
+    written ids recorded once for the backfill); True when it was written (False: deleted
+    or rewritten since it was read, or NEW's own vector is there already)."""
     loop = asyncio.get_running_loop()
     written: asyncio.Future[bool] = loop.create_future()
     pending = _PENDING.setdefault(other.collection, [])
@@ -227,7 +225,7 @@ async def _written(gateway: Gateway, serving: Any, other: Any, stored: Stored,
         await asyncio.sleep(FILL_LINGER_S)
         batch = _PENDING.pop(other.collection, [])
         try:
-            ids = await asyncio.to_thread(_write_fills, gateway, serving.gallery, other, batch)
+            ids = await asyncio.to_thread(_write_fills, gateway, serving, other, batch)
         except Exception as exc:  # noqa: BLE001 - every fill of the batch learns it
             for *_, f in batch:
                 f.set_exception(exc)
@@ -237,14 +235,17 @@ async def _written(gateway: Gateway, serving: Any, other: Any, stored: Stored,
     return await written
 
 
-def _write_fills(gateway: Gateway, gallery: str, other: Any,
+def _write_fills(gateway: Gateway, serving: Any, other: Any,
                  batch: list[tuple[Stored, Vectors, asyncio.Future[bool]]]) -> set[str]:
     embedder: Embedder = other.embedder
-    writer = DirectWriter.registered(gateway.store, gateway.settings, gateway.registry, gallery)
+    writer = DirectWriter.registered(gateway.store, gateway.settings, gateway.registry,
+                                     serving.gallery)
     made = {"by": "embed", "version": embedder.version, "via": "read"}
     applied = writer.write(Batch(FILL, embedder.version,
                                  [{"id": s.id, "etag": s.etag} for s, _, _ in batch],
                                  {other.space: [v for _, v, _ in batch]}, made=made))
+    if applied.ids and serving.migration_job:  # the backfill skips them
+        record_filled(gateway.jobs.work_dir(serving.migration_job), list(applied.ids))
     return set(applied.ids)
 
 

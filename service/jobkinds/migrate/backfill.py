@@ -85,7 +85,7 @@ def run_backfill(ctx: RunContext) -> dict[str, Any]:
         elapsed = time.monotonic() - start
         heartbeat.advance(position, {"stage": "backfill", "items_per_s": round(
             (position - cursor) / max(elapsed, 1e-9), 2)})
-        if getattr(heartbeat, "paused", None) is not None and heartbeat.paused.is_set():
+        if heartbeat.paused.is_set():  # a shard's heartbeat (ShardHeartbeat)
             raise Paused(f"the backfill of job {ctx.job.id} is paused")
         limit.wait(batch - skips)
 
