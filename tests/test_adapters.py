@@ -31,6 +31,17 @@ def test_procrustes_is_orthogonal_and_recovers_a_known_rotation() -> None:
     assert torch.allclose(w, rotation, atol=1e-5)
 
 
+def test_procrustes_on_too_few_pairs_leaves_what_they_do_not_span_in_place() -> None:
+    """5 pairs in 32-d fix the map on 5 directions only: the rest is left as it was (the
+    tie-break towards the identity), so a query outside the pairs' span is not moved."""
+    x = _unit(5, 32, 7)
+    rotation, _ = torch.linalg.qr(torch.randn(32, 32, generator=torch.Generator().manual_seed(8)))
+    assert torch.allclose(procrustes(x, x), torch.eye(32), atol=1e-5)  # same space: identity
+    w = procrustes(x, x @ rotation)
+    assert torch.allclose(x @ w, x @ rotation, atol=1e-4)  # the pairs still fit exactly
+    assert torch.allclose(w.T @ w, torch.eye(32), atol=1e-5)
+
+
 def test_procrustes_between_different_widths_is_semi_orthogonal() -> None:
     w = procrustes(_unit(300, 32, 2), _unit(300, 16, 3))  # [32, 16]
     assert w.shape == (32, 16)

@@ -54,9 +54,25 @@ class EmbeddingMap(nn.Module):
         return nn.functional.normalize(y, dim=-1)
 
 
+TIE_BREAK = 1e-6  # the identity's weight, relative to the pairs' mean singular value
+
+
 def procrustes(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """[D_in, D_out] (semi-)orthogonal W minimising ||x W - y||_F (x [N, D_in], y [N, D_out])."""
-    u, _, vh = torch.linalg.svd(x.double().T @ y.double(), full_matrices=False)
+    """[D_in, D_out] (semi-)orthogonal W minimising ||x W - y||_F (x [N, D_in], y [N, D_out]).
+
+    With fewer independent pairs than dimensions (a gallery sample of 5 captions in 512-d)
+    the minimum is not unique: the pairs fix W only on the directions they span, and the
+    SVD completes the rest with whatever basis its arithmetic gives, a map that can differ
+    from run to run and move unseen queries anywhere. Where both sides have one width, the
+    tie is broken towards the identity (``TIE_BREAK`` times the identity added to
+    ``x^T y``): directions no pair constrains are left where they are, so a NEW that shares
+    OLD's coordinates (a fine-tune, a continual phase) keeps them; with enough pairs the
+    term changes W by about ``TIE_BREAK``."""
+    m = x.double().T @ y.double()
+    if m.shape[0] == m.shape[1]:
+        scale = torch.linalg.matrix_norm(m) / m.shape[0] ** 0.5
+        m = m + TIE_BREAK * float(scale) * torch.eye(len(m), dtype=m.dtype)
+    u, _, vh = torch.linalg.svd(m, full_matrices=False)
     return (u @ vh).float()
 
 
