@@ -128,3 +128,23 @@ def gateway_factory(tmp_path: Path, micro_versions: dict[str, Path]):
             assert response.status_code == 201, response.text
             yield client
     return make
+
+
+ENGINES = ("local", "edge")  # the embedded engines the store's contract tests run on
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request: pytest.FixtureRequest) -> str:
+    """Each embedded engine in turn (``service.state.gallery.client.open_embedded``)."""
+    return request.param
+
+
+@pytest.fixture
+def embedded_store(engine: str):
+    """A fresh in-memory ``GalleryStore`` on each embedded engine, closed after the test."""
+    from service.state.gallery import GalleryStore
+    from service.state.gallery.client import open_embedded
+
+    store = GalleryStore(open_embedded(engine), serialise=True)
+    yield store
+    store.close()

@@ -1,4 +1,6 @@
-"""GalleryStore against qdrant-client's local mode (the server's API)."""
+"""GalleryStore's contract on each embedded engine (qdrant-client's local mode, the
+server's API; Qdrant Edge, the server's engine in-process), and what each engine keeps on
+disk."""
 
 from __future__ import annotations
 
@@ -14,8 +16,9 @@ def unit(seed: int, dim: int = 8) -> np.ndarray:
     return v / np.linalg.norm(v)
 
 
-def test_fingerprint_counts_per_version_and_changes_only_when_a_vector_does() -> None:
-    store = GalleryStore(QdrantClient(":memory:"), serialise=True)
+def test_fingerprint_counts_per_version_and_changes_only_when_a_vector_does(
+        embedded_store) -> None:
+    store = embedded_store
     store.create("g", 8)
     store.upsert("g", [Item(f"a{i}", {"image": unit(i)}) for i in range(5)], "v1", "s")
     store.upsert("g", [Item("b0", {"image": unit(9)})], "v1.1", "s")
@@ -67,3 +70,117 @@ def test_wal_tuning_is_a_no_op_in_memory() -> None:
     GalleryStore(client, serialise=True).create("g", 8)
     assert tune_local_writes(client, "g") is False
     assert tune_local_writes(client, "missing") is False
+
+
+def test_an_edge_store_on_disk_keeps_every_write_side_and_alias_after_reopening(
+        tmp_path) -> None:
+    from service.state.gallery.edge import EdgeClient
+
+    store = GalleryStore(EdgeClient(tmp_path), serialise=True)
+    store.create("g", 8)
+    store.upsert("g", [Item(f"a{i}", {"image": unit(i)}) for i in range(300)], "v1", "s")
+    store.upsert("g", [Item("a0", {"image": unit(999)})], "v2", "s")
+    store.delete("g", ["a1"])
+    side = store.create_side("g", 8)
+    store.upsert(side, [Item("b0", {"text": unit(7)})], "v3", "t")
+    first = store.collection_of("g")
+    store.point_alias("g", side)
+    store.close()
+    reopened = GalleryStore(EdgeClient(tmp_path), serialise=True)
+    assert reopened.collection_of("g") == side  # the alias move was kept
+    assert reopened.count(first) == 299 and reopened.count("g") == 1
+    stored = reopened.vectors(first, ["a0", "a2"])
+    np.testing.assert_allclose(stored["a0"]["image"], unit(999), atol=1e-6)
+    np.testing.assert_allclose(stored["a2"]["image"], unit(2), atol=1e-6)
+    assert reopened.vectors("g", ["b0"])["b0"]["text"].shape == (8,)
+    assert reopened.drop_collection(first) and not reopened.drop_collection(first)
+    reopened.close()
+    assert sorted(p.name for p in (tmp_path / "collections").iterdir()) == [side]
+
+
+def test_an_edge_directory_is_open_in_one_process_and_a_second_gets_a_clear_error(
+        tmp_path) -> None:
+    import subprocess
+    import sys
+
+    from service.state.gallery.edge import EdgeClient
+
+    store = GalleryStore(EdgeClient(tmp_path), serialise=True)
+    store.create("g", 8)
+    store.upsert("g", [Item("a", {"image": unit(1)})], "v1", "s")
+    code = ("from service.state.gallery.edge import EdgeClient, EngineBusy\n"
+            f"try:\n    EdgeClient({str(tmp_path)!r})\nexcept EngineBusy as e:\n"
+            "    print('busy:', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True,
+                         timeout=60)
+    assert "busy:" in out.stdout and "another process" in out.stdout, out
+    assert store.count("g") == 1  # the first opener is untouched
+    store.close()
+
+
+def test_the_edge_indexer_indexes_once_writes_are_quiet_and_search_stays_exact(
+        tmp_path) -> None:
+    """Unindexed points are searched exactly; once writes have been quiet the indexer
+    builds the index off the request path, and the answers are the exact ones still."""
+    import time
+
+    from service.state.gallery.edge import EdgeClient
+
+    client = EdgeClient(tmp_path, quiet_s=0.3, index_after=500, indexing_threshold_kb=10)
+    store = GalleryStore(client, serialise=True)
+    store.create("g", 16)
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(2000, 16)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    store.upsert("g", [Item(f"i{n}", {"image": v}) for n, v in enumerate(vectors)], "v", "s")
+    queries = vectors[:20] + 0.1 * rng.normal(size=(20, 16)).astype(np.float32)
+    exact = [[f"i{n}" for n in np.argsort(-(vectors @ q))[:5]] for q in queries]
+    assert [[h.id for h in store.search("g", q, "image", 5)] for q in queries] == exact
+    collection = store.collection_of("g")
+    assert client.indexed(collection)["indexed_vectors"] == 0  # not yet: writes just ended
+    deadline = time.monotonic() + 60
+    while client.indexed(collection)["indexed_vectors"] < 2000 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert client.indexed(collection)["indexed_vectors"] >= 2000
+    found = [[h.id for h in store.search("g", q, "image", 5)] for q in queries]
+    assert np.mean([len(set(a) & set(b)) / 5 for a, b in zip(found, exact)]) >= 0.95
+    store.close()
+
+
+def test_the_edge_default_refuses_a_local_mode_directory_until_it_is_moved(tmp_path) -> None:
+    """With the default engine and local-mode data in DATA_DIR/qdrant, the gateway's store
+    does not open empty: it names the move command; ``store move`` copies every point and
+    alias, checked, leaves the local directory as it was, and the default then opens it."""
+    import pytest
+
+    from service.state.config import Settings
+    from service.state.errors import Conflict, Unavailable
+    from service.state.gallery.client import open_qdrant
+    from service.state.gallery.move import move_local_to_edge
+
+    data = tmp_path / "data"
+    local = GalleryStore(QdrantClient(path=str(data / "qdrant")), serialise=True)
+    local.create("g", 8)
+    local.upsert("g", [Item(f"a{i}", {"image": unit(i), "text": unit(100 + i)},
+                            payload={"n": i}) for i in range(1200)], "v1", "s")
+    side = local.create_side("g", 8)
+    local.upsert(side, [Item("a0", {"image": unit(5)})], "v2", "t")
+    before = local.fingerprint("g")
+    local.close()
+    settings = Settings(data_dir=data)
+    with pytest.raises(Unavailable, match="nobackfill store move"):
+        open_qdrant(settings)
+    (data / "qdrant-edge").mkdir()
+    (data / "qdrant-edge" / "x").write_text("something")
+    with pytest.raises(Conflict, match="not empty"):
+        move_local_to_edge(data / "qdrant", data / "qdrant-edge")
+    (data / "qdrant-edge" / "x").unlink()
+    moved = move_local_to_edge(data / "qdrant", data / "qdrant-edge")
+    assert sorted(moved.collections.values()) == [1, 1200] and list(moved.aliases) == ["g"]
+    edge = GalleryStore(open_qdrant(settings), serialise=True)
+    assert edge.fingerprint("g") == before and edge.count(side) == 1
+    assert edge.stored("g", ["a7"])["a7"].payload == {"n": 7}
+    edge.close()
+    again = GalleryStore(QdrantClient(path=str(data / "qdrant")), serialise=True)
+    assert again.fingerprint("g") == before  # the source is left as it was
+    again.close()

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from qdrant_client import QdrantClient
 
+from service.state.gallery.client import open_embedded
 from service.state.gallery.store import GalleryStore
 from service.state.registry.records import Migration, Side
 from service.state.thumbnails import ThumbnailStore
@@ -39,12 +39,13 @@ class Gallery:
 
     backend: str
     root: Path
+    engine: str
     store: GalleryStore = field(init=False)
     thumbnails: ThumbnailStore = field(init=False)
     sides: Sides = field(init=False)
 
     def __post_init__(self) -> None:
-        self.store = GalleryStore(QdrantClient(":memory:"), serialise=True)
+        self.store = GalleryStore(open_embedded(self.engine), serialise=True)
         self.store.create("g", DIM)
         self.thumbnails = ThumbnailStore(self.root / "thumbnails")
         self.sides = Sides({"old": "g"})
@@ -74,8 +75,10 @@ class Gallery:
 
 
 @pytest.fixture(params=BACKENDS)
-def gallery(request: pytest.FixtureRequest, tmp_path: Path) -> Gallery:
-    return Gallery(request.param, tmp_path)
+def gallery(request: pytest.FixtureRequest, tmp_path: Path, engine: str):
+    made = Gallery(request.param, tmp_path, engine)
+    yield made
+    made.store.close()
 
 
 def image(colour: tuple[int, int, int]) -> Image.Image:

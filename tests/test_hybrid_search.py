@@ -26,8 +26,8 @@ def unit(v: list[float]) -> np.ndarray:
     return a / np.linalg.norm(a)
 
 
-def test_each_candidate_is_scored_on_both_sides_and_the_sum_ranks_them() -> None:
-    store = GalleryStore(QdrantClient(":memory:"), serialise=True)
+def test_each_candidate_is_scored_on_both_sides_and_the_sum_ranks_them(embedded_store) -> None:
+    store = embedded_store
     old, new = store.create_side("g", 2), store.create_side("g", 2)
     # On the old side 'a' is nearest the routed query; on the new side 'b' the new query;
     # 'c' is second on both, so the sum puts it first.
@@ -55,11 +55,12 @@ def with_cosine(c: float) -> np.ndarray:
     return np.asarray([c, np.sqrt(1 - c * c)], np.float32)
 
 
-def test_an_item_one_side_lacks_is_scored_there_by_the_line_from_the_other_side() -> None:
+def test_an_item_one_side_lacks_is_scored_there_by_the_line_from_the_other_side(
+        embedded_store) -> None:
     """The new side's scores run at half the old side's plus 0.3 on the items both hold;
     'x', not re-embedded yet, gets 0.3 + 0.5 * its old score there, not the new side's
     lowest (which put it last although the old side ranks it first)."""
-    store = GalleryStore(QdrantClient(":memory:"), serialise=True)
+    store = embedded_store
     old, new = store.create_side("g", 2), store.create_side("g", 2)
     olds = {"a": 0.2, "b": 0.4, "c": 0.6, "d": 0.8, "x": 0.95}
     store.upsert(old, [Item(i, {"image": with_cosine(c)}) for i, c in olds.items()], "v", "s")

@@ -25,8 +25,13 @@ class Settings(BaseSettings):
         None, description="model versions + index + gallery state; default DATA_DIR/registry")
     qdrant_url: str | None = Field(None, description="Qdrant server URL; unset: embedded local")
     qdrant_api_key: SecretStr | None = None
+    qdrant_engine: Literal["edge", "local"] = Field(
+        "edge", description="the embedded engine when no URL is set: edge (Qdrant Edge, "
+        "Qdrant's engine in-process: HNSW, 1M points) or local (qdrant-client's local mode: "
+        "pure Python, brute force, up to about 20,000 points)")
     qdrant_path: str | None = Field(
-        None, description="embedded Qdrant path (default DATA_DIR/qdrant) or ':memory:'")
+        None, description="embedded store path (default DATA_DIR/qdrant-edge for edge, "
+        "DATA_DIR/qdrant for local) or ':memory:' (edge: a temporary directory)")
     datasets_dir: Path | None = Field(
         None, description="where datasets (manifests and their images) and model sources live; "
         "default DATA_DIR/datasets")
@@ -161,7 +166,8 @@ class Settings(BaseSettings):
     @property
     def qdrant_location(self) -> str:
         """Where the embedded Qdrant keeps its data (a path or ':memory:')."""
-        return self.qdrant_path or str(self.data_dir / "qdrant")
+        default = "qdrant-edge" if self.qdrant_engine == "edge" else "qdrant"
+        return self.qdrant_path or str(self.data_dir / default)
 
     @property
     def broker_dir(self) -> Path:

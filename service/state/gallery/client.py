@@ -1,29 +1,73 @@
-"""One code path, two backends: a Qdrant server when a URL is configured, otherwise the
-embedded local mode (a path under the data directory, or ``:memory:`` in tests)."""
+"""One code path, three backends: a Qdrant server when a URL is configured, otherwise an
+embedded engine in the gateway's process: Qdrant Edge (the default, ``edge.py``) or
+qdrant-client's local mode (``qdrant_engine = "local"``), on a path under the data
+directory, or ``:memory:`` in tests (Edge: a temporary directory removed at close)."""
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
+import tempfile
 from pathlib import Path
+from typing import Any
 
 from qdrant_client import QdrantClient
 
 from service.state.config import MEMORY, Settings
+from service.state.errors import Unavailable
+from service.state.gallery.edge import EdgeClient
+
+Client = Any  # a QdrantClient, or an EdgeClient (the same calls)
 
 
-def open_qdrant(settings: Settings) -> QdrantClient:
+def is_local_mode_dir(path: Path) -> bool:
+    """Whether ``path`` holds qdrant-client local-mode data (its ``meta.json``)."""
+    return (path / "meta.json").is_file()
+
+
+class TemporaryEdge(EdgeClient):
+    """An Edge store in a fresh temporary directory, removed at close (``:memory:``)."""
+
+    def __init__(self) -> None:
+        self._tmp = tempfile.mkdtemp(prefix="nobackfill-edge-")
+        super().__init__(self._tmp)
+
+    def close(self) -> None:
+        super().close()
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+
+def open_qdrant(settings: Settings) -> Client:
     if settings.qdrant_url:
         key = settings.qdrant_api_key.get_secret_value() if settings.qdrant_api_key else None
         return QdrantClient(url=settings.qdrant_url, api_key=key)
     location = settings.qdrant_location
+    if settings.qdrant_engine == "edge":
+        old = settings.data_dir / "qdrant"
+        if (location != MEMORY and settings.qdrant_path is None and not Path(location).exists()
+                and is_local_mode_dir(old)):
+            raise Unavailable(
+                f"{old} holds galleries in qdrant-client's local mode, and the embedded "
+                f"default is now Qdrant Edge: move them once with `nobackfill store move "
+                f"--data-dir {settings.data_dir}` (checked by counts and vectors), or keep "
+                f"local mode with NOBACKFILL_QDRANT_ENGINE=local")
+    return open_embedded(settings.qdrant_engine, location)
+
+
+def open_embedded(engine: str, location: str = MEMORY) -> Client:
+    """An embedded engine (``edge`` or ``local``) on a path or ``:memory:``. Both lock
+    their directory: only one process (the gateway) may open it."""
+    if engine == "edge":
+        return TemporaryEdge() if location == MEMORY else EdgeClient(location)
+    if engine != "local":
+        raise ValueError(f"unknown embedded engine {engine!r} (edge or local)")
     if location == MEMORY:
         return QdrantClient(location=MEMORY)
     Path(location).mkdir(parents=True, exist_ok=True)
-    # Local mode locks its directory: only one process (the gateway) may open it.
     return QdrantClient(path=location)
 
 
-def tune_local_writes(client: QdrantClient, collection: str) -> bool:
+def tune_local_writes(client: Client, collection: str) -> bool:
     """Let the embedded Qdrant commit a point without waiting for the disk.
 
     Local mode on a path stores each point in a SQLite file and commits every point on its

@@ -1,0 +1,338 @@
+"""``nobackfill bench store``: the embedded engines side by side, through ``GalleryStore``
+(the service's own calls), on synthetic galleries of N points with two named 512-d
+vectors and a gallery's payload.
+
+Vectors: L2-normalised, clustered like embeddings (1,024 random centres; each point
+``normalise(centre + 1.2 * noise / sqrt(D))``, cosine to its centre about 0.64), drawn
+chunk by chunk from a seed, so the parent computes the exact answers by streaming the
+same chunks and each engine's process holds only what the engine holds. Queries: 200
+stored image vectors plus noise.
+
+Per engine and size, in a process of its own: bulk load (1,000 points a call), index
+(Edge's ``optimize``; local mode has none), a backfill's write (10,000 points rewritten,
+256 a call), a migration's read (retrieve by id, 256 a call; scroll with vectors),
+search p50/p99 at 1 client and QPS at 8 client threads with recall@10 against exact
+search, a filtered search (a payload key matching 1/10 of the points), reopen time
+(close, open, first search), RSS and disk. Then a crash test per engine: a writer process
+acknowledges batches, is SIGKILLed mid-write 3 times, and after each reopen every
+acknowledged point must be there with its vector.
+
+Local mode above ``--local-max`` points is skipped and said so (pure Python: its own
+docs advise against more than 20,000 points).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from training.console import report_command
+
+DIM = 512
+CENTRES = 1024
+SPREAD = 1.2
+CHUNK = 10_000
+
+
+def chunk_vectors(seed: int, chunk: int, n: int, dim: int, kind: str) -> np.ndarray:
+    """Rows [chunk * CHUNK, chunk * CHUNK + n) of the ``kind`` vectors (deterministic)."""
+    centres = np.random.default_rng([seed, 0]).normal(size=(CENTRES, dim)).astype(np.float32)
+    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
+    rng = np.random.default_rng([seed, 1 if kind == "image" else 2, chunk])
+    picks = rng.integers(0, CENTRES, n)
+    v = centres[picks] + SPREAD * rng.normal(size=(n, dim)).astype(np.float32) / np.sqrt(dim)
+    return (v / np.linalg.norm(v, axis=1, keepdims=True)).astype(np.float32)
+
+
+def chunks(points: int) -> list[tuple[int, int]]:
+    return [(c, min(CHUNK, points - c * CHUNK)) for c in range((points + CHUNK - 1) // CHUNK)]
+
+
+def queries_and_truth(seed: int, points: int, dim: int, queries: int,
+                      ) -> tuple[np.ndarray, list[list[str]]]:
+    """Noisy copies of random stored image vectors, and their exact top 10 ids."""
+    rng = np.random.default_rng([seed, 3])
+    pick = np.sort(rng.choice(points, queries, replace=False))
+    q = np.zeros((queries, dim), np.float32)
+    for c, n in chunks(points):
+        rows = pick[(pick >= c * CHUNK) & (pick < c * CHUNK + n)]
+        if len(rows):
+            v = chunk_vectors(seed, c, n, dim, "image")
+            q[np.searchsorted(pick, rows)] = v[rows - c * CHUNK]
+    q += 0.5 * rng.normal(size=q.shape).astype(np.float32) / np.sqrt(dim)
+    q /= np.linalg.norm(q, axis=1, keepdims=True)
+    best_s = np.full((queries, 10), -np.inf, np.float32)
+    best_i = np.zeros((queries, 10), np.int64)
+    for c, n in chunks(points):
+        s = q @ chunk_vectors(seed, c, n, dim, "image").T
+        top = np.argpartition(-s, min(10, n - 1), axis=1)[:, :10]
+        s_all = np.concatenate([best_s, np.take_along_axis(s, top, 1)], 1)
+        i_all = np.concatenate([best_i, top + c * CHUNK], 1)
+        order = np.argsort(-s_all, axis=1)[:, :10]
+        best_s, best_i = np.take_along_axis(s_all, order, 1), np.take_along_axis(i_all, order, 1)
+    return q, [[f"p{i}" for i in row] for row in best_i]
+
+
+# ------------------------------------------------------------------ one engine, one size
+def _open(engine: str, path: Path) -> Any:
+    from service.state.gallery import GalleryStore
+    from service.state.gallery.client import open_embedded
+    from service.state.gallery.edge import EdgeClient
+
+    client = (EdgeClient(path, indexer=False) if engine == "edge"
+              else open_embedded("local", str(path)))
+    return GalleryStore(client, serialise=True)
+
+
+def _items(seed: int, c: int, n: int, dim: int) -> list[Any]:
+    from service.state.gallery.store import Item
+
+    image, text = chunk_vectors(seed, c, n, dim, "image"), chunk_vectors(seed, c, n, dim, "text")
+    base = c * CHUNK
+    return [Item(f"p{base + r}", {"image": image[r], "text": text[r]},
+                 payload={"caption": f"a synthetic caption number {base + r}",
+                          "group": (base + r) % 10},
+                 origin={"text": f"a synthetic caption number {base + r}",
+                         "image": f"/data/images/{base + r:08d}.png"})
+            for r in range(n)]
+
+
+def _pct(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values) * 1e3, q))
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _disk_mb(path: Path) -> float:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
+
+
+def case(engine: str, points: int, dim: int, work: Path, seed: int, clients: int,
+         truth_file: Path) -> dict[str, Any]:
+    """One engine at one size (run in a process of its own)."""
+    data = np.load(truth_file)
+    q, truth = data["q"], [list(r) for r in data["truth"]]
+    path = work / f"{engine}-{points}"
+    shutil.rmtree(path, ignore_errors=True)
+    out: dict[str, Any] = {"engine": engine, "points": points, "dim": dim}
+    store = _open(engine, path)
+    store.create("g", dim)
+    t = time.perf_counter()
+    for c, n in chunks(points):
+        items = _items(seed, c, n, dim)
+        for i in range(0, n, 1000):
+            store.upsert("g", items[i:i + 1000], "v1", "s")
+    out["load_s"] = round(time.perf_counter() - t, 1)
+    t = time.perf_counter()
+    if engine == "edge":
+        store.client.optimize(store.collection_of("g"))
+        out["indexed"] = store.client.indexed(store.collection_of("g"))
+    out["index_s"] = round(time.perf_counter() - t, 1)
+    # searches, on the loaded (and indexed) gallery
+    lat, recalls = [], []
+    for v, want in zip(q, truth):
+        t = time.perf_counter()
+        hits = store.search("g", v, "image", 10)
+        lat.append(time.perf_counter() - t)
+        recalls.append(len({h.id for h in hits} & set(want)) / 10)
+    out.update(search_p50_ms=round(_pct(lat, 50), 2), search_p99_ms=round(_pct(lat, 99), 2),
+               recall_at_10=round(float(np.mean(recalls)), 4))
+    done, errors = [0], []
+
+    def client_loop(rows: np.ndarray) -> None:
+        try:
+            for v in rows:
+                store.search("g", v, "image", 10)
+                done[0] += 1
+        except Exception as exc:  # noqa: BLE001 (counted and reported)
+            errors.append(repr(exc))
+    threads = [threading.Thread(target=client_loop, args=(q[k::clients],))
+               for k in range(clients)]
+    t = time.perf_counter()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    out[f"qps_{clients}_clients"] = round(done[0] / (time.perf_counter() - t), 1)
+    out["errors"] = len(errors)
+    flat = []
+    for v in q[:100]:
+        t = time.perf_counter()
+        store.search("g", v, "image", 10, where={"group": 3})
+        flat.append(time.perf_counter() - t)
+    out["filtered_p50_ms"] = round(_pct(flat, 50), 2)
+    # a backfill's write: 10,000 existing points rewritten with new vectors, 256 a call
+    rewrite = min(10_000, points)
+    items = _items(seed + 1, 0, rewrite, dim)
+    t = time.perf_counter()
+    for i in range(0, rewrite, 256):
+        store.upsert("g", items[i:i + 256], "v2", "t")
+    out["update_per_s"] = round(rewrite / (time.perf_counter() - t))
+    ids = [f"p{i}" for i in np.random.default_rng(seed).choice(points, rewrite, replace=False)]
+    t = time.perf_counter()
+    for i in range(0, rewrite, 256):
+        store.stored("g", ids[i:i + 256])
+    out["retrieve_per_s"] = round(rewrite / (time.perf_counter() - t))
+    t, scanned = time.perf_counter(), 0
+    for page_ids, _ in store.scan_vectors("g"):
+        scanned += len(page_ids)
+        if scanned >= 50_000:
+            break
+    out["scroll_per_s"] = round(scanned / (time.perf_counter() - t))
+    out["rss_mb"] = round(_rss_mb())
+    store.close()
+    out["disk_mb"] = round(_disk_mb(path))
+    t = time.perf_counter()
+    store = _open(engine, path)
+    store.search("g", q[0], "image", 10)
+    out["reopen_s"] = round(time.perf_counter() - t, 2)
+    assert store.count("g") == points, "points lost across reopen"
+    store.close()
+    shutil.rmtree(path, ignore_errors=True)
+    return out
+
+
+# ------------------------------------------------------------------ crash test
+def writer(engine: str, path: str, start: int, dim: int) -> None:
+    """Write 100-point batches forever from ``start``, printing each acknowledged batch."""
+    store = _open(engine, Path(path))
+    store.create("g", dim)
+    c = start
+    while True:
+        items = _items(7, c, 100, dim)
+        store.upsert("g", items, "v1", "s")
+        print(c, flush=True)  # acknowledged: upsert returned (wait=True)
+        c += 1
+
+
+def crash(engine: str, work: Path, dim: int, kills: int) -> dict[str, Any]:
+    path = work / f"crash-{engine}"
+    shutil.rmtree(path, ignore_errors=True)
+    acked: list[int] = []
+    lost = 0
+    rng = np.random.default_rng(0)
+    for k in range(kills):
+        code = ("import sys; from service.bench.store import writer; "
+                "writer(*sys.argv[1:3], int(sys.argv[3]), int(sys.argv[4]))")
+        proc = subprocess.Popen([sys.executable, "-c", code, engine, str(path),
+                                 str(1000 * (k + 1)), str(dim)],
+                                stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None
+        deadline = time.monotonic() + float(rng.uniform(2, 5))
+        mine: list[int] = []
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            mine.append(int(line))
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        acked += mine
+        store = _open(engine, path)
+        for c in acked:
+            want = _items(7, c, 100, dim)
+            got = store.vectors("g", [i.id for i in want])
+            lost += sum(1 for i in want if i.id not in got or not np.allclose(
+                got[i.id]["image"], i.vectors["image"], atol=1e-6))
+        store.close()
+    shutil.rmtree(path, ignore_errors=True)
+    return {"engine": engine, "kills": kills, "acknowledged_points": 100 * len(acked),
+            "lost": lost}
+
+
+# ------------------------------------------------------------------ the command
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    work = Path(args.out)
+    work.mkdir(parents=True, exist_ok=True)
+    sizes = [int(s) for s in str(args.points).split(",")]
+    engines = args.engines.split(",")
+    rows, skipped = [], []
+    for points in sizes:
+        t = time.perf_counter()
+        q, truth = queries_and_truth(args.seed, points, args.dim, args.queries)
+        truth_file = work / f"truth-{points}.npz"
+        np.savez(truth_file, q=q, truth=np.asarray(truth))
+        print(f"[store] exact answers for {points:,} points in "
+              f"{time.perf_counter() - t:.0f} s", file=sys.stderr)
+        for engine in engines:
+            if engine == "local" and points > args.local_max:
+                skipped.append(f"local mode at {points:,} points (above --local-max "
+                               f"{args.local_max:,})")
+                continue
+            code = ("import json, sys; from pathlib import Path; "
+                    "from service.bench.store import case; "
+                    "print(json.dumps(case(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), "
+                    "Path(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), Path(sys.argv[7]))))")
+            t = time.perf_counter()
+            done = subprocess.run([sys.executable, "-c", code, engine, str(points),
+                                   str(args.dim), str(work), str(args.seed), str(args.clients),
+                                   str(truth_file)], check=False, capture_output=True,
+                                  text=True)
+            if done.returncode != 0:
+                raise RuntimeError(f"{engine} at {points}: {done.stderr[-2000:]}")
+            row = json.loads(done.stdout.strip().splitlines()[-1])
+            rows.append(row)
+            print(f"[store] {engine} {points:,}: {time.perf_counter() - t:.0f} s "
+                  f"{row}", file=sys.stderr)
+    crashes = [crash(engine, work, args.dim, args.kills) for engine in engines]
+    return {"rows": rows, "crash": crashes, "skipped": skipped, "dim": args.dim,
+            "queries": args.queries, "clients": args.clients}
+
+
+COLUMNS = (("load_s", "load s"), ("index_s", "index s"), ("update_per_s", "update/s"),
+           ("retrieve_per_s", "retrieve/s"), ("scroll_per_s", "scroll/s"),
+           ("search_p50_ms", "p50 ms"), ("search_p99_ms", "p99 ms"),
+           ("recall_at_10", "recall@10"), ("filtered_p50_ms", "filtered p50 ms"),
+           ("reopen_s", "reopen s"), ("rss_mb", "RSS MB"), ("disk_mb", "disk MB"),
+           ("errors", "errors"))
+
+
+def render(result: dict[str, Any]) -> str:
+    clients = result["clients"]
+    cols = (*COLUMNS[:8], (f"qps_{clients}_clients", f"QPS {clients} clients"), *COLUMNS[8:])
+    head = "| engine | points | " + " | ".join(c[1] for c in cols) + " |"
+    lines = [head, "|" + "---|" * (len(cols) + 2)]
+    for r in result["rows"]:
+        lines.append(f"| {r['engine']} | {r['points']:,} | "
+                     + " | ".join(str(r.get(k, "–")) for k, _ in cols) + " |")
+    lines.append("")
+    for c in result["crash"]:
+        lines.append(f"crash test, {c['engine']}: {c['kills']} SIGKILLs mid-write, "
+                     f"{c['acknowledged_points']:,} acknowledged points, {c['lost']} lost")
+    for s in result["skipped"]:
+        lines.append(f"skipped: {s}")
+    return "\n".join(lines)
+
+
+def register(sub: argparse._SubParsersAction, name: str) -> None:
+    p = sub.add_parser(name, help="the embedded engines (Qdrant Edge, local mode) side by "
+                                  "side: load, index, write, read, search, reopen, crash")
+    p.add_argument("--out", default="runs/bench-store")
+    p.add_argument("--points", default="100000,1000000", help="sizes, comma-separated")
+    p.add_argument("--engines", default="edge,local")
+    p.add_argument("--local-max", type=int, default=100_000,
+                   help="local mode is skipped above this many points")
+    p.add_argument("--dim", type=int, default=DIM)
+    p.add_argument("--queries", type=int, default=200)
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--kills", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=report_command(run, render))

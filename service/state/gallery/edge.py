@@ -1,0 +1,382 @@
+"""The embedded engine: Qdrant Edge (``qdrant-edge-py``, Qdrant's own engine in-process)
+behind the part of ``QdrantClient``'s interface that ``GalleryStore`` calls, so the store,
+its etag rules and a migration's two sides run unchanged on it.
+
+Edge has shards, not collections or aliases. Here a collection is one shard directory
+(``ROOT/collections/NAME``) and a catalog file (``ROOT/catalog.json``: each collection's
+vector widths, each alias's collection) stands in for Qdrant's collection and alias
+metadata; it is rewritten whole (a temporary file, fsync, rename), so an alias move is
+atomic on disk as on a server. A collection is in the catalog only once its shard exists,
+and leaves it before its directory is removed; a directory left by an interrupted create
+or drop is removed at the next open.
+
+Edge indexes (HNSW) only when asked (``EdgeShard.optimize``); points not yet indexed are
+searched exactly, so nothing written is ever missing from a search. ``optimize`` holds
+Python's interpreter lock for its whole run (measured: 7.8 s for 20,000 x 512-d on 2
+cores: no other thread of the process runs meanwhile), so the indexer here runs it only
+once a collection has had ``quiet_s`` seconds without writes and ``index_after`` points
+changed since the last run (a bulk load, a backfill's end), never inside a request.
+
+One process per directory (a lock file, like local mode's): a second opener gets a clear
+error instead of two writers on one shard.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import qdrant_edge as edge
+from qdrant_client import models
+
+CATALOG = "catalog.json"
+LOCK = ".lock"
+
+
+class EngineBusy(RuntimeError):
+    """Another process holds the directory."""
+
+
+@dataclass
+class _Point:
+    """What ``GalleryStore`` reads of a record or a scored point."""
+
+    id: str
+    payload: dict[str, Any] | None
+    vector: dict[str, list[float]] | None = None
+    score: float = 0.0
+
+
+@dataclass
+class _Collection:
+    shard: Any  # edge.EdgeShard
+    sizes: dict[str, int]
+    changed: int = 0  # points written since the last optimize
+    last_write: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _missing(name: str) -> ValueError:
+    return ValueError(f"Collection {name} not found")
+
+
+class EdgeClient:
+    """Qdrant Edge shards under ``root`` with the calls ``GalleryStore`` makes of a
+    ``QdrantClient`` (the same ``qdrant_client.models`` in; records with ``id``,
+    ``payload``, ``vector``, ``score`` out)."""
+
+    def __init__(self, root: str | Path, quiet_s: float = 5.0, index_after: int = 20_000,
+                 indexer: bool = True, indexing_threshold_kb: int | None = None) -> None:
+        self.root = Path(root)
+        (self.root / "collections").mkdir(parents=True, exist_ok=True)
+        self._lock_file = open(self.root / LOCK, "a+")  # noqa: SIM115 - held until close
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            self._lock_file.close()
+            raise EngineBusy(f"the embedded Qdrant Edge store at {self.root} is open in "
+                             f"another process (one process per directory)") from exc
+        self.quiet_s, self.index_after = quiet_s, index_after
+        # Segments smaller than this (Qdrant's default, 10,000 KB: about 5,000 512-d
+        # vectors) are not indexed: searching them exactly is as fast.
+        self.indexing_threshold_kb = indexing_threshold_kb
+        self._meta = threading.Lock()  # the catalog and the open shards
+        catalog = self._read_catalog()
+        self._aliases: dict[str, str] = dict(catalog.get("aliases", {}))
+        self._open: dict[str, _Collection] = {}
+        for name, sizes in catalog.get("collections", {}).items():
+            self._open[name] = _Collection(edge.EdgeShard.load(str(self._dir(name))),
+                                           dict(sizes))
+        for stray in (self.root / "collections").iterdir():  # an interrupted create or drop
+            if stray.name not in self._open:
+                shutil.rmtree(stray, ignore_errors=True)
+        self._closed = threading.Event()
+        self._indexer = threading.Thread(target=self._index_loop, name="edge-indexer",
+                                         daemon=True) if indexer else None
+        if self._indexer:
+            self._indexer.start()
+
+    # -- catalog -------------------------------------------------------------------------
+
+    def _dir(self, name: str) -> Path:
+        if not name or "/" in name or name.startswith("."):
+            raise ValueError(f"collection name {name!r} is not a plain name")
+        return self.root / "collections" / name
+
+    def _read_catalog(self) -> dict[str, Any]:
+        path = self.root / CATALOG
+        if not path.exists():
+            return {}
+        return json.loads(path.read_text())
+
+    def _write_catalog(self) -> None:
+        data = {"collections": {n: c.sizes for n, c in self._open.items()},
+                "aliases": self._aliases}
+        tmp = self.root / f"{CATALOG}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.root / CATALOG)
+        dir_fd = os.open(self.root, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    def _collection(self, name: str) -> _Collection:
+        with self._meta:
+            found = self._open.get(self._aliases.get(name, name))
+        if found is None:
+            raise _missing(name)
+        return found
+
+    # -- collections and aliases ---------------------------------------------------------
+
+    def get_collections(self) -> Any:
+        with self._meta:
+            names = sorted(self._open)
+        return models.CollectionsResponse(
+            collections=[models.CollectionDescription(name=n) for n in names])
+
+    def collection_exists(self, name: str) -> bool:
+        with self._meta:
+            return name in self._open
+
+    def create_collection(self, name: str, vectors_config: dict[str, models.VectorParams],
+                          ) -> bool:
+        sizes = {kind: int(p.size) for kind, p in vectors_config.items()}
+        config = edge.EdgeConfig(vectors={
+            kind: edge.EdgeVectorParams(size=size, distance=edge.Distance.Dot)
+            for kind, size in sizes.items()},
+            optimizers=edge.EdgeOptimizersConfig(indexing_threshold=self.indexing_threshold_kb))
+        with self._meta:
+            if name in self._open:
+                raise ValueError(f"Collection {name} already exists")
+            path = self._dir(name)
+            shutil.rmtree(path, ignore_errors=True)
+            shard = edge.EdgeShard.create(str(path), config)
+            for key in ("item_id", "made.by"):  # what counts and fills filter on
+                shard.update(edge.UpdateOperation.create_field_index(
+                    key, edge.PayloadSchemaType.Keyword))
+            self._open[name] = _Collection(shard, sizes)
+            self._write_catalog()
+        return True
+
+    def delete_collection(self, name: str) -> bool:
+        with self._meta:
+            gone = self._open.pop(name, None)
+            if gone is None:
+                return False
+            self._aliases = {a: c for a, c in self._aliases.items() if c != name}
+            self._write_catalog()
+        with gone.lock:
+            gone.shard.close()
+        shutil.rmtree(self._dir(name), ignore_errors=True)
+        return True
+
+    def get_collection(self, name: str) -> Any:
+        sizes = self._collection(name).sizes
+        vectors = {kind: models.VectorParams(size=size, distance=models.Distance.DOT)
+                   for kind, size in sizes.items()}
+        return _Info(vectors)
+
+    def get_aliases(self) -> Any:
+        with self._meta:
+            pairs = sorted(self._aliases.items())
+        return models.CollectionsAliasesResponse(aliases=[
+            models.AliasDescription(alias_name=a, collection_name=c) for a, c in pairs])
+
+    def update_collection_aliases(self, change_aliases_operations: Sequence[Any]) -> bool:
+        """Every operation applied, then one catalog write: readers see all or none."""
+        with self._meta:
+            aliases = dict(self._aliases)
+            for op in change_aliases_operations:
+                if isinstance(op, models.DeleteAliasOperation):
+                    aliases.pop(op.delete_alias.alias_name, None)
+                elif isinstance(op, models.CreateAliasOperation):
+                    target = op.create_alias.collection_name
+                    if target not in self._open:
+                        raise _missing(target)
+                    aliases[op.create_alias.alias_name] = target
+                else:
+                    raise TypeError(f"alias operation {type(op).__name__} is not supported")
+            self._aliases = aliases
+            self._write_catalog()
+        return True
+
+    # -- points ---------------------------------------------------------------------------
+
+    def upsert(self, collection_name: str, points: Sequence[models.PointStruct],
+               wait: bool = True) -> None:
+        c = self._collection(collection_name)
+        batch = [edge.Point(str(p.id), p.vector, p.payload) for p in points]  # type: ignore[arg-type]
+        with c.lock:
+            c.shard.update(edge.UpdateOperation.upsert_points(batch))
+            c.changed += len(batch)
+            c.last_write = time.monotonic()
+
+    def delete(self, collection_name: str, points_selector: models.PointIdsList,
+               wait: bool = True) -> None:
+        c = self._collection(collection_name)
+        with c.lock:
+            c.shard.update(edge.UpdateOperation.delete_points(
+                [str(i) for i in points_selector.points]))
+            c.last_write = time.monotonic()
+
+    def count(self, collection_name: str, count_filter: models.Filter | None = None,
+              exact: bool = True) -> Any:
+        c = self._collection(collection_name)
+        with c.lock:
+            n = c.shard.count(edge.CountRequest(exact=True, filter=_filter(count_filter)))
+        return models.CountResult(count=int(n))
+
+    def query_batch_points(self, collection_name: str,
+                           requests: Sequence[models.QueryRequest]) -> list[Any]:
+        c = self._collection(collection_name)
+        batch = edge.QueryBatchRequest([edge.QueryRequest(
+            limit=r.limit, query=edge.Query.Nearest(_dense(r.query), using=r.using),
+            with_payload=bool(r.with_payload), filter=_filter(r.filter)) for r in requests])
+        with c.lock:
+            found = c.shard.query_batch(batch)
+        return [_Response([_Point(str(p.id), p.payload, None, float(p.score)) for p in points])
+                for points in found]
+
+    def scroll(self, collection_name: str, limit: int = 10, offset: Any = None,
+               with_payload: bool | Sequence[str] = True, with_vectors: bool = False,
+               ) -> tuple[list[_Point], str | None]:
+        c = self._collection(collection_name)
+        request = edge.ScrollRequest(offset=None if offset is None else str(offset),
+                                     limit=limit, with_payload=_payload(with_payload),
+                                     with_vector=bool(with_vectors))
+        with c.lock:
+            records, after = c.shard.scroll(request)
+        return ([_record(r) for r in records], None if after is None else str(after))
+
+    def retrieve(self, collection_name: str, ids: Iterable[Any],
+                 with_payload: bool | Sequence[str] = True, with_vectors: bool = False,
+                 ) -> list[_Point]:
+        c = self._collection(collection_name)
+        with c.lock:
+            found = c.shard.retrieve([str(i) for i in ids], with_payload=_payload(with_payload),
+                                     with_vector=bool(with_vectors))
+        return [_record(r) for r in found]
+
+    # -- indexing and lifetime -------------------------------------------------------------
+
+    def optimize(self, collection_name: str) -> bool:
+        """Index what was written since the last run (blocks, holding the GIL)."""
+        c = self._collection(collection_name)
+        with c.lock:
+            c.changed = 0
+            return bool(c.shard.optimize())
+
+    def indexed(self, collection_name: str) -> dict[str, int]:
+        """``{"points", "indexed_vectors", "segments"}`` of one collection."""
+        c = self._collection(collection_name)
+        with c.lock:
+            info = c.shard.info()
+        return {"points": int(info.points_count),
+                "indexed_vectors": int(info.indexed_vectors_count),
+                "segments": int(info.segments_count)}
+
+    def _due(self) -> list[str]:
+        now = time.monotonic()
+        with self._meta:
+            return [name for name, c in self._open.items()
+                    if c.changed >= self.index_after and now - c.last_write >= self.quiet_s]
+
+    def _index_loop(self) -> None:
+        while not self._closed.wait(min(1.0, self.quiet_s)):
+            for name in self._due():
+                try:
+                    self.optimize(name)
+                except ValueError:  # dropped meanwhile
+                    continue
+
+    def flush(self) -> None:
+        with self._meta:
+            open_ = list(self._open.values())
+        for c in open_:
+            with c.lock:
+                c.shard.flush()
+
+    def close(self) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        if self._indexer is not None:
+            self._indexer.join()
+        with self._meta:
+            for c in self._open.values():
+                with c.lock:
+                    c.shard.close()
+            self._open = {}
+        fcntl.flock(self._lock_file, fcntl.LOCK_UN)
+        self._lock_file.close()
+
+
+@dataclass
+class _Info:
+    """``get_collection(...).config.params.vectors``."""
+
+    vectors: dict[str, models.VectorParams]
+
+    @property
+    def config(self) -> Any:
+        return self
+
+    @property
+    def params(self) -> Any:
+        return self
+
+
+@dataclass
+class _Response:
+    points: list[_Point]
+
+
+def _dense(query: Any) -> list[float]:
+    if isinstance(query, np.ndarray):
+        return query.astype(np.float32).tolist()
+    if isinstance(query, list):
+        return query
+    raise ValueError(f"only a dense vector query is supported here, got {type(query).__name__}")
+
+
+def _payload(selector: bool | Sequence[str]) -> Any:
+    return selector if isinstance(selector, bool) else list(selector)
+
+
+def _record(r: Any) -> _Point:
+    return _Point(str(r.id), r.payload, r.vector if isinstance(r.vector, dict) else None)
+
+
+def _filter(where: models.Filter | None) -> Any:
+    """``payload_filter``'s filters (every condition a key matching a value or any of a
+    list) in Edge's types."""
+    if where is None:
+        return None
+    must = []
+    for cond in where.must or []:  # type: ignore[union-attr]
+        if not isinstance(cond, models.FieldCondition) or cond.match is None:
+            raise TypeError(f"only field matches are supported here, got {cond!r}")
+        if isinstance(cond.match, models.MatchAny):
+            match: Any = edge.MatchAny(list(cond.match.any))
+        elif isinstance(cond.match, models.MatchValue):
+            match = edge.MatchValue(cond.match.value)
+        else:
+            raise TypeError(f"only value and any-of matches are supported, got {cond.match!r}")
+        must.append(edge.FieldCondition(key=cond.key, match=match))
+    if where.should or where.must_not:
+        raise ValueError("only 'must' filters are supported here")
+    return edge.Filter(must=must)
