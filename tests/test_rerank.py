@@ -67,7 +67,11 @@ def test_a_reranked_answer_is_new_ranking_of_the_routes_candidates_and_fills_onc
         # what it embedded is on the new side, once, marked as filled by a read
         gw = client.app.state.gateway  # type: ignore[attr-defined]
         target = view["target"]["collection"]
-        made = {i: s.made for i, s in gw.store.stored(target).items()}
+        from test_worker import wait_for
+
+        # written just after the answer (one batch): wait for all 10
+        held = wait_for(lambda: len(h := gw.store.stored(target)) == 10 and h, 30, "the fills")
+        made = {i: s.made for i, s in held.items()}
         assert sorted(made) == sorted(candidates)
         assert all(m == {"by": "embed", "version": "up", "via": "read"} for m in made.values())
         again = _search(client, top_k=5, rerank=True, rerank_k=10)
@@ -137,7 +141,10 @@ def test_a_fill_never_brings_back_a_deleted_item_nor_overwrites_new_vectors(
         assert applied.written == 0 and "w1" not in gw.store.stored(target)
         first = _search(client, top_k=10, rerank=True, rerank_k=10)  # fills w2 if it is a
         assert first["route"] == "rerank"                             # candidate, or not
-        held = gw.store.stored(target)
+        from test_worker import wait_for
+
+        # the fills are written just after the answer (batched): wait for them
+        held = wait_for(lambda: gw.store.stored(target), 30, "the search's fills")
         own = next(iter(held))
         before = gw.store.vectors(target, [own])[own]
         applied = writer.write(Batch("fill", "up", [{"id": own, "etag": held[own].etag}],

@@ -182,7 +182,8 @@ def _forget(key: tuple[str, str], flight: _Flight) -> None:
     if not flight.embedded.done():  # the task failed before it embedded: nothing to use
         flight.embedded.set_result(None)
     if not flight.task.cancelled() and flight.task.exception() is not None:
-        log.warning("read-through fill of %s failed: %s", key[1], flight.task.exception())
+        exc = flight.task.exception()
+        log.warning("read-through fill of %s failed: %s", key[1], exc, exc_info=exc)
 
 
 async def _fill(gateway: Gateway, serving: Any, other: Any, stored: Stored,
