@@ -176,3 +176,36 @@ def test_packing_leaves_a_non_causal_tower_alone(micro_spec, monkeypatch) -> Non
     monkeypatch.setattr(model, "encode_text", lambda t: calls.append(t.shape) or t.float())
     encoders.encode_text_packed(model, tokens)
     assert calls == [tokens.shape]
+
+
+def test_one_forward_gives_the_routes_vector_and_the_towers_own(micro_spec) -> None:
+    """``encode_*_both``: the head's output and the towers' own, equal to what two encoders
+    (the route's, the native one) give apart; and an embedder shares its towers with the
+    same version's native embedder only where both run the version's unchanged towers."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from service.runtime.embedder import Batching, Embedder
+
+    torch.manual_seed(0)
+    model = create_model(micro_spec)
+    tokenizer = create_tokenizer(micro_spec)
+    dim = Encoder(model, tokenizer, "cpu").embed_dim
+    head = torch.nn.Linear(dim, 6)
+    routed = Encoder(model, tokenizer, "cpu", text_head=head, image_head=head,
+                     native_towers=True)
+    native = Encoder(model, tokenizer, "cpu", native_towers=True)
+    a, b = routed.encode_texts_both(TEXTS)
+    np.testing.assert_allclose(a, routed.encode_texts(TEXTS), atol=1e-5)
+    np.testing.assert_allclose(b, native.encode_texts(TEXTS), atol=1e-5)
+    pixels = torch.rand(3, 3, 32, 32)
+    a, b = routed.encode_image_tensors_both(pixels)
+    np.testing.assert_allclose(a, routed.encode_image_tensors(pixels), atol=1e-5)
+    np.testing.assert_allclose(b, native.encode_image_tensors(pixels), atol=1e-5)
+    lane, batching = ThreadPoolExecutor(1), Batching(8, 0.001)
+    route_e = Embedder(routed, "v2", "v1", "adapter", lane, batching)
+    native_e = Embedder(native, "v2", "v2", "native", lane, batching)
+    assert route_e.shares_towers(native_e)
+    assert not route_e.shares_towers(Embedder(native, "v3", "v3", "native", lane, batching))
+    lora = Encoder(model, tokenizer, "cpu", text_head=head, image_head=head)  # towers changed
+    assert not Embedder(lora, "v2", "v1", "projector", lane, batching).shares_towers(native_e)
+    lane.shutdown()

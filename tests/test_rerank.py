@@ -66,6 +66,8 @@ def test_a_reranked_answer_is_new_ranking_of_the_routes_candidates_and_fills_onc
         assert all(h["space"] == "v3" for h in first["hits"])
         # what it embedded is on the new side, once, marked as filled by a read
         gw = client.app.state.gateway  # type: ignore[attr-defined]
+        serving = gw.runtime.serving("shapes")  # the route is NEW's towers + a map: the
+        assert serving.ready().shares_towers(serving.others[0].embedder)  # query, one forward
         target = view["target"]["collection"]
         from test_worker import wait_for
 

@@ -237,12 +237,17 @@ class Encoder:
 
     ``text_head`` / ``image_head`` are optional modules applied after the towers
     (e.g. an XBT projector); outputs are L2-normalised float32 numpy arrays.
+    ``native_towers``: the towers are the version's own model, unchanged (its native route,
+    or a route that only adds heads), so one forward gives both the route's vector and the
+    native one (``encode_texts_both``).
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer: Callable[..., torch.Tensor],
                  device: torch.device | str | None = None,
                  text_head: torch.nn.Module | None = None,
-                 image_head: torch.nn.Module | None = None) -> None:
+                 image_head: torch.nn.Module | None = None,
+                 native_towers: bool = False) -> None:
+        self.native_towers = native_towers
         self.device = pick_device(device)
         self.model = model.to(self.device).eval()
         self.tokenizer = tokenizer
@@ -280,6 +285,18 @@ class Encoder:
             batch = pixels[start:start + batch_size].to(self.device, dtype=torch.float32)
             chunks.append(self._finish(self.model.encode_image(batch), self.image_head))
         return _concat(chunks, self.embed_dim)
+
+    @torch.inference_mode()
+    def encode_texts_both(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """([N, D] through the heads, [N, D_towers] without them) from one forward."""
+        features = encode_text_packed(self.model, self.tokenize(texts).to(self.device))
+        return self._finish(features, self.text_head), self._finish(features, None)
+
+    @torch.inference_mode()
+    def encode_image_tensors_both(self, pixels: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        """``encode_texts_both`` for preprocessed images [N, 3, H, W]."""
+        features = self.model.encode_image(pixels.to(self.device, dtype=torch.float32))
+        return self._finish(features, self.image_head), self._finish(features, None)
 
     def encode_images(self, images: Sequence[Image.Image], batch_size: int = 256) -> np.ndarray:
         chunks = [self.encode_image_tensors(self.image_tensors(images[s:s + batch_size]))

@@ -43,7 +43,8 @@ def native_model(artifact: Artifact) -> torch.nn.Module:
 
 @register_route_kind("native")
 def _native_route(artifact: Artifact, route: dict, device: torch.device | str | None) -> Encoder:
-    return Encoder(native_model(artifact), create_tokenizer(artifact_spec(artifact)), device)
+    return Encoder(native_model(artifact), create_tokenizer(artifact_spec(artifact)), device,
+                   native_towers=True)
 
 
 def route_to(artifact: Artifact, space: str | None) -> dict:

@@ -38,6 +38,11 @@ class Embedder:
                                    batching.max_wait_s, _tagged(on_batch, "text"))
         self._images = MicroBatcher(self._encode_pixels, lane, batching.max_size,
                                     batching.max_wait_s, _tagged(on_batch, "image"))
+        # (this route's vector, the towers' own) from one forward: a rerank's two queries
+        self._text_pairs = MicroBatcher(self._encode_text_pairs, lane, batching.max_size,
+                                        batching.max_wait_s, _tagged(on_batch, "text"))
+        self._image_pairs = MicroBatcher(self._encode_pixel_pairs, lane, batching.max_size,
+                                         batching.max_wait_s, _tagged(on_batch, "image"))
 
     @property
     def dim(self) -> int:
@@ -62,6 +67,24 @@ class Embedder:
         """[D] embedding of one preprocessed image, batched with concurrent ones."""
         return await self._images.submit(pixels)
 
+    def shares_towers(self, native: Embedder) -> bool:
+        """Whether ``native``'s vectors are this embedder's towers' own outputs: the same
+        version, ``native`` its native route and both on the version's unchanged towers
+        (an adapter route, or XBT's projector on stage 1's model). Then one forward gives
+        both (``embed_text_both``) where a rerank would run two."""
+        a, b = self.encoder, native.encoder
+        return (self.version == native.version and isinstance(a, Encoder)
+                and isinstance(b, Encoder) and a.native_towers and b.native_towers
+                and b.text_head is None and b.image_head is None)
+
+    async def embed_text_both(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        """(this route's [D], the towers' own [D_native]) of one query text, one forward."""
+        return await self._text_pairs.submit(text)
+
+    async def embed_pixels_both(self, pixels: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        """``embed_text_both`` for one preprocessed image."""
+        return await self._image_pairs.submit(pixels)
+
     def encode_texts(self, texts: Sequence[str]) -> np.ndarray:
         """[N, D] for an ingest batch (blocking; submit it to ``lane``)."""
         return self.encoder.encode_texts(list(texts))
@@ -76,6 +99,15 @@ class Embedder:
 
     def _encode_pixels(self, pixels: list[torch.Tensor]) -> list[np.ndarray]:
         return list(self.encoder.encode_image_tensors(torch.stack(pixels)))  # [N, 3, H, W]
+
+    def _encode_text_pairs(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+        routed, native = self.encoder.encode_texts_both(texts)
+        return list(zip(routed, native))
+
+    def _encode_pixel_pairs(self, pixels: list[torch.Tensor],
+                            ) -> list[tuple[np.ndarray, np.ndarray]]:
+        routed, native = self.encoder.encode_image_tensors_both(torch.stack(pixels))
+        return list(zip(routed, native))
 
 
 def _tagged(on_batch: Callable[[str, int], None] | None,

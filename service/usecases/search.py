@@ -100,11 +100,17 @@ async def embed_query(embedder: Embedder, query: Query, settings: Settings) -> n
 
 async def both_queries(gateway: Gateway, embedders: tuple[Embedder, Embedder],
                        query: Query) -> list[np.ndarray]:
-    """The query embedded by each of two embedders (an image decoded once)."""
+    """The query embedded by each of two embedders (an image decoded once; one forward
+    where the second is the first's own towers, ``Embedder.shares_towers``)."""
     image = None
     if query.image is not None:
         image = await decode_image_async(query.image, gateway.settings,
                                          embedders[0].image_side)
+    if embedders[0].shares_towers(embedders[1]):
+        if query.text is not None:
+            return list(await embedders[0].embed_text_both(query.text))
+        pixels = await asyncio.to_thread(embedders[0].pixels, image)
+        return list(await embedders[0].embed_pixels_both(pixels))
     vectors = []
     for e in embedders:
         if query.text is not None:

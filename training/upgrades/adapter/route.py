@@ -55,5 +55,5 @@ def load_adapter_route(artifact: Artifact, route: dict,
             raise ArtifactError(f"version '{artifact.version_id}': adapter route lacks '{key}'")
     maps = load_maps(artifact, route)
     new = Encoder(native_model(artifact), create_tokenizer(artifact_spec(artifact)), device,
-                  text_head=maps["text"], image_head=maps["image"])
+                  text_head=maps["text"], image_head=maps["image"], native_towers=True)
     return with_slerp(new, artifact, route, device)

@@ -58,5 +58,6 @@ def load_projector_route(artifact: Artifact, route: dict,
     head = ProjectorHead(load_projector(artifact, route))
     # One head object for both towers: phi is shared by images and texts (XBT eq. 4).
     routed = Encoder(model, create_tokenizer(artifact_spec(artifact)), device,
-                     text_head=head, image_head=head)
+                     text_head=head, image_head=head,
+                     native_towers=route["adapters"] is None)  # LoRA changes the towers
     return with_slerp(routed, artifact, route, device)  # slerp_t > 0: mixed with OLD's query
