@@ -30,8 +30,8 @@ ALL = sorted(command_paths(cli.build_parser()))
 def test_the_tree_has_the_library_and_the_plugged_in_commands() -> None:
     for path in [("synth",), ("train-base",), ("continual",), ("upgrade",), ("bench", "base"),
                  ("bench", "xbt"), ("demo",), ("bench", "serve"), ("bench", "migrate"),
-                 ("bench", "images"), ("bench", "rerank"), ("plan", "start"), ("plan", "show"), ("plan", "list"),
-                 ("plan", "apply")]:
+                 ("bench", "images"), ("bench", "rerank"), ("bench", "store"), ("plan", "start"),
+                 ("plan", "show"), ("plan", "list"), ("plan", "apply"), ("store", "move")]:
         assert path in ALL, path
 
 
@@ -49,12 +49,14 @@ def test_plugins_are_declared_as_entry_points() -> None:
     benches = {p.name: p.value for p in importlib.metadata.entry_points(group=cli.BENCH_PLUGINS)}
     assert commands == {"demo": "service.stack.demo:register",
                         "migrate": "service.stack.migrate_cli:register",
-                        "plan": "service.stack.plan_cli:register"}
+                        "plan": "service.stack.plan_cli:register",
+                        "store": "service.stack.store_cli:register"}
     assert benches == {"serve": "service.bench:register",
                        "migrate": "service.bench.migrate:register",
                        "images": "service.bench.images:register",
                        "transform": "service.bench.transform:register",
-                       "rerank": "service.bench.rerank:register"}
+                       "rerank": "service.bench.rerank:register",
+                       "store": "service.bench.store:register"}
 
 
 def test_a_broken_plugin_is_reported_and_left_out(monkeypatch: pytest.MonkeyPatch,

@@ -85,12 +85,15 @@ def queries_and_truth(seed: int, points: int, dim: int, queries: int,
 
 
 # ------------------------------------------------------------------ one engine, one size
+HNSW: tuple[int, int] | None = None  # Edge's (m, ef_construct); None: Qdrant's defaults
+
+
 def _open(engine: str, path: Path) -> Any:
     from service.state.gallery import GalleryStore
     from service.state.gallery.client import open_embedded
     from service.state.gallery.edge import EdgeClient
 
-    client = (EdgeClient(path, indexer=False) if engine == "edge"
+    client = (EdgeClient(path, indexer=False, hnsw=HNSW) if engine == "edge"
               else open_embedded("local", str(path)))
     return GalleryStore(client, serialise=True)
 
@@ -125,8 +128,10 @@ def _disk_mb(path: Path) -> float:
 
 
 def case(engine: str, points: int, dim: int, work: Path, seed: int, clients: int,
-         truth_file: Path) -> dict[str, Any]:
-    """One engine at one size (run in a process of its own)."""
+         truth_file: Path, hnsw: str = "") -> dict[str, Any]:
+    """One engine at one size (run in a process of its own); ``hnsw`` "m,ef" or ""."""
+    global HNSW
+    HNSW = tuple(int(x) for x in hnsw.split(",")) if hnsw else None  # type: ignore[assignment]
     data = np.load(truth_file)
     q, truth = data["q"], [list(r) for r in data["truth"]]
     path = work / f"{engine}-{points}"
@@ -279,11 +284,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             code = ("import json, sys; from pathlib import Path; "
                     "from service.bench.store import case; "
                     "print(json.dumps(case(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), "
-                    "Path(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), Path(sys.argv[7]))))")
+                    "Path(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), Path(sys.argv[7]), "
+                    "sys.argv[8])))")
             t = time.perf_counter()
             done = subprocess.run([sys.executable, "-c", code, engine, str(points),
                                    str(args.dim), str(work), str(args.seed), str(args.clients),
-                                   str(truth_file)], check=False, capture_output=True,
+                                   str(truth_file), args.hnsw], check=False, capture_output=True,
                                   text=True)
             if done.returncode != 0:
                 raise RuntimeError(f"{engine} at {points}: {done.stderr[-2000:]}")
@@ -293,6 +299,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                   f"{row}", file=sys.stderr)
     crashes = [crash(engine, work, args.dim, args.kills) for engine in engines]
     return {"rows": rows, "crash": crashes, "skipped": skipped, "dim": args.dim,
+            "hnsw": args.hnsw or "qdrant default (m 16, ef_construct 100)",
             "queries": args.queries, "clients": args.clients}
 
 
@@ -318,6 +325,8 @@ def render(result: dict[str, Any]) -> str:
                      f"{c['acknowledged_points']:,} acknowledged points, {c['lost']} lost")
     for s in result["skipped"]:
         lines.append(f"skipped: {s}")
+    lines.append(f"Edge's HNSW: {result['hnsw']}; {result['queries']} queries, "
+                 f"{result['dim']}-d")
     return "\n".join(lines)
 
 
@@ -334,5 +343,7 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--kills", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hnsw", default="", help="Edge's HNSW as 'm,ef_construct' (default: "
+                                              "Qdrant's, 16,100)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=report_command(run, render))

@@ -75,7 +75,8 @@ class EdgeClient:
     ``payload``, ``vector``, ``score`` out)."""
 
     def __init__(self, root: str | Path, quiet_s: float = 5.0, index_after: int = 20_000,
-                 indexer: bool = True, indexing_threshold_kb: int | None = None) -> None:
+                 indexer: bool = True, indexing_threshold_kb: int | None = None,
+                 hnsw: tuple[int, int] | None = None) -> None:
         self.root = Path(root)
         (self.root / "collections").mkdir(parents=True, exist_ok=True)
         self._lock_file = open(self.root / LOCK, "a+")  # noqa: SIM115 - held until close
@@ -89,6 +90,7 @@ class EdgeClient:
         # Segments smaller than this (Qdrant's default, 10,000 KB: about 5,000 512-d
         # vectors) are not indexed: searching them exactly is as fast.
         self.indexing_threshold_kb = indexing_threshold_kb
+        self.hnsw = hnsw  # (m, ef_construct) of new collections; None: Qdrant's (16, 100)
         self._meta = threading.Lock()  # the catalog and the open shards
         catalog = self._read_catalog()
         self._aliases: dict[str, str] = dict(catalog.get("aliases", {}))
@@ -158,7 +160,9 @@ class EdgeClient:
         config = edge.EdgeConfig(vectors={
             kind: edge.EdgeVectorParams(size=size, distance=edge.Distance.Dot)
             for kind, size in sizes.items()},
-            optimizers=edge.EdgeOptimizersConfig(indexing_threshold=self.indexing_threshold_kb))
+            optimizers=edge.EdgeOptimizersConfig(indexing_threshold=self.indexing_threshold_kb),
+            hnsw_config=None if self.hnsw is None else edge.HnswIndexConfig(
+                m=self.hnsw[0], ef_construct=self.hnsw[1], full_scan_threshold=10_000))
         with self._meta:
             if name in self._open:
                 raise ValueError(f"Collection {name} already exists")
