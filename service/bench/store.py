@@ -85,7 +85,15 @@ def queries_and_truth(seed: int, points: int, dim: int, queries: int,
 
 
 # ------------------------------------------------------------------ one engine, one size
-HNSW: tuple[int, int] | None = None  # Edge's (m, ef_construct); None: Qdrant's defaults
+HNSW: tuple[int, int] | None = None  # Edge's (m, ef_construct); None: the store's
+SEARCH_EF: int | None = None  # Edge's search ef for the main rows; None: Qdrant's
+SEGMENTS: int | None = None  # Edge's segments per collection; None: Qdrant's (one per CPU)
+EF_SWEEP = (64, 128, 256, 512)
+# Edge indexes its appendable segments when asked, one graph per segment: indexing every
+# INDEX_EVERY points of a bulk load (as the store's indexer does when a load pauses) keeps
+# each graph at about INDEX_EVERY / 2 points (two appendable segments), where one index
+# at the end makes two graphs of N / 2 points, with a lower recall at the same ef
+INDEX_EVERY = 100_000
 
 
 def _open(engine: str, path: Path) -> Any:
@@ -93,7 +101,8 @@ def _open(engine: str, path: Path) -> Any:
     from service.state.gallery.client import open_embedded
     from service.state.gallery.edge import EdgeClient
 
-    client = (EdgeClient(path, indexer=False, hnsw=HNSW) if engine == "edge"
+    client = (EdgeClient(path, indexer=False, hnsw=HNSW, search_ef=SEARCH_EF,
+                         segments=SEGMENTS) if engine == "edge"
               else open_embedded("local", str(path)))
     return GalleryStore(client, serialise=True)
 
@@ -115,12 +124,18 @@ def _pct(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values) * 1e3, q))
 
 
-def _rss_mb() -> float:
+def _memory_mb() -> dict[str, int]:
+    """This process's resident set: all of it, and the part that is not mapped files
+    (Edge maps its segments: those pages are the page cache's, which the kernel can
+    reclaim)."""
+    fields = {"VmRSS": "rss_mb", "RssAnon": "anon_mb"}
+    out = {}
     with open("/proc/self/status") as status:
         for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
+            name = line.split(":")[0]
+            if name in fields:
+                out[fields[name]] = round(int(line.split()[1]) / 1024)
+    return out
 
 
 def _disk_mb(path: Path) -> float:
@@ -128,10 +143,13 @@ def _disk_mb(path: Path) -> float:
 
 
 def case(engine: str, points: int, dim: int, work: Path, seed: int, clients: int,
-         truth_file: Path, hnsw: str = "") -> dict[str, Any]:
-    """One engine at one size (run in a process of its own); ``hnsw`` "m,ef" or ""."""
-    global HNSW
+         truth_file: Path, hnsw: str = "", search_ef: int = 0, segments: int = 0,
+         ) -> dict[str, Any]:
+    """One engine at one size (run in a process of its own); ``hnsw`` "m,ef" or "";
+    ``search_ef``, ``segments``: 0 for Qdrant's."""
+    global HNSW, SEARCH_EF, SEGMENTS
     HNSW = tuple(int(x) for x in hnsw.split(",")) if hnsw else None  # type: ignore[assignment]
+    SEARCH_EF, SEGMENTS = search_ef or None, segments or None
     data = np.load(truth_file)
     q, truth = data["q"], [list(r) for r in data["truth"]]
     path = work / f"{engine}-{points}"
@@ -139,17 +157,22 @@ def case(engine: str, points: int, dim: int, work: Path, seed: int, clients: int
     out: dict[str, Any] = {"engine": engine, "points": points, "dim": dim}
     store = _open(engine, path)
     store.create("g", dim)
-    t = time.perf_counter()
+    load = index = 0.0
     for c, n in chunks(points):
+        t = time.perf_counter()
         items = _items(seed, c, n, dim)
         for i in range(0, n, 1000):
             store.upsert("g", items[i:i + 1000], "v1", "s")
-    out["load_s"] = round(time.perf_counter() - t, 1)
+        load += time.perf_counter() - t
+        if engine == "edge" and ((c + 1) * CHUNK) % INDEX_EVERY == 0:
+            t = time.perf_counter()  # index what is written so far: segments of this size
+            store.client.optimize(store.collection_of("g"))
+            index += time.perf_counter() - t
     t = time.perf_counter()
     if engine == "edge":
         store.client.optimize(store.collection_of("g"))
         out["indexed"] = store.client.indexed(store.collection_of("g"))
-    out["index_s"] = round(time.perf_counter() - t, 1)
+    out["load_s"], out["index_s"] = round(load, 1), round(index + time.perf_counter() - t, 1)
     # searches, on the loaded (and indexed) gallery
     lat, recalls = [], []
     for v, want in zip(q, truth):
@@ -159,6 +182,20 @@ def case(engine: str, points: int, dim: int, work: Path, seed: int, clients: int
         recalls.append(len({h.id for h in hits} & set(want)) / 10)
     out.update(search_p50_ms=round(_pct(lat, 50), 2), search_p99_ms=round(_pct(lat, 99), 2),
                recall_at_10=round(float(np.mean(recalls)), 4))
+    if engine == "edge":  # the search's ef against recall and latency, on the same index
+        sweep = {}
+        for ef in EF_SWEEP:
+            store.client.search_ef = ef
+            lat, recalls = [], []
+            for v, want in zip(q, truth):
+                t = time.perf_counter()
+                hits = store.search("g", v, "image", 10)
+                lat.append(time.perf_counter() - t)
+                recalls.append(len({h.id for h in hits} & set(want)) / 10)
+            sweep[ef] = {"p50_ms": round(_pct(lat, 50), 2), "p99_ms": round(_pct(lat, 99), 2),
+                         "recall_at_10": round(float(np.mean(recalls)), 4)}
+        out["ef_sweep"] = sweep
+        store.client.search_ef = SEARCH_EF
     done, errors = [0], []
 
     def client_loop(rows: np.ndarray) -> None:
@@ -201,7 +238,7 @@ def case(engine: str, points: int, dim: int, work: Path, seed: int, clients: int
         if scanned >= 50_000:
             break
     out["scroll_per_s"] = round(scanned / (time.perf_counter() - t))
-    out["rss_mb"] = round(_rss_mb())
+    out.update(_memory_mb())
     store.close()
     out["disk_mb"] = round(_disk_mb(path))
     t = time.perf_counter()
@@ -285,11 +322,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "from service.bench.store import case; "
                     "print(json.dumps(case(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), "
                     "Path(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), Path(sys.argv[7]), "
-                    "sys.argv[8])))")
+                    "sys.argv[8], int(sys.argv[9]), int(sys.argv[10]))))")
             t = time.perf_counter()
             done = subprocess.run([sys.executable, "-c", code, engine, str(points),
                                    str(args.dim), str(work), str(args.seed), str(args.clients),
-                                   str(truth_file), args.hnsw], check=False, capture_output=True,
+                                   str(truth_file), args.hnsw, str(args.search_ef),
+                                   str(args.segments)], check=False, capture_output=True,
                                   text=True)
             if done.returncode != 0:
                 raise RuntimeError(f"{engine} at {points}: {done.stderr[-2000:]}")
@@ -299,7 +337,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                   f"{row}", file=sys.stderr)
     crashes = [crash(engine, work, args.dim, args.kills) for engine in engines]
     return {"rows": rows, "crash": crashes, "skipped": skipped, "dim": args.dim,
-            "hnsw": args.hnsw or "qdrant default (m 16, ef_construct 100)",
+            "hnsw": args.hnsw or "the store's default (16, 64)",
+            "search_ef": args.search_ef or "qdrant default", "segments": args.segments
+            or "qdrant default (one per CPU)",
             "queries": args.queries, "clients": args.clients}
 
 
@@ -307,7 +347,8 @@ COLUMNS = (("load_s", "load s"), ("index_s", "index s"), ("update_per_s", "updat
            ("retrieve_per_s", "retrieve/s"), ("scroll_per_s", "scroll/s"),
            ("search_p50_ms", "p50 ms"), ("search_p99_ms", "p99 ms"),
            ("recall_at_10", "recall@10"), ("filtered_p50_ms", "filtered p50 ms"),
-           ("reopen_s", "reopen s"), ("rss_mb", "RSS MB"), ("disk_mb", "disk MB"),
+           ("reopen_s", "reopen s"), ("rss_mb", "RSS MB"), ("anon_mb", "anon MB"),
+           ("disk_mb", "disk MB"),
            ("errors", "errors"))
 
 
@@ -325,8 +366,13 @@ def render(result: dict[str, Any]) -> str:
                      f"{c['acknowledged_points']:,} acknowledged points, {c['lost']} lost")
     for s in result["skipped"]:
         lines.append(f"skipped: {s}")
-    lines.append(f"Edge's HNSW: {result['hnsw']}; {result['queries']} queries, "
-                 f"{result['dim']}-d")
+    lines.append(f"Edge's HNSW (m, ef_construct): {result['hnsw']}; search ef "
+                 f"{result['search_ef']}; segments {result['segments']}; "
+                 f"{result['queries']} queries, {result['dim']}-d")
+    for r in result["rows"]:
+        for ef, e in (r.get("ef_sweep") or {}).items():
+            lines.append(f"{r['engine']} {r['points']:,}, search ef {ef}: p50 {e['p50_ms']} ms, "
+                         f"p99 {e['p99_ms']} ms, recall@10 {e['recall_at_10']}")
     return "\n".join(lines)
 
 
@@ -343,7 +389,11 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--kills", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--search-ef", type=int, default=0, help="Edge's search ef for the main "
+                   "rows (0: Qdrant's)")
+    p.add_argument("--segments", type=int, default=0, help="Edge's segments per collection "
+                   "(0: Qdrant's, one per CPU)")
     p.add_argument("--hnsw", default="", help="Edge's HNSW as 'm,ef_construct' (default: "
-                                              "Qdrant's, 16,100)")
+                                              "the store's, 16,64)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=report_command(run, render))
