@@ -35,6 +35,17 @@ def test_fingerprint_counts_per_version_and_changes_only_when_a_vector_does(
     assert {v: f["items"] for v, f in only.items()} == {"v1": 2, "v1.1": 1}
 
 
+def _written_rewritten_deleted(store: GalleryStore) -> str:
+    """300 items written to 'g', one rewritten, one deleted; a side with one item: its name."""
+    store.create("g", 8)
+    store.upsert("g", [Item(f"a{i}", {"image": unit(i)}) for i in range(300)], "v1", "s")
+    store.upsert("g", [Item("a0", {"image": unit(999)})], "v2", "s")
+    store.delete("g", ["a1"])
+    side = store.create_side("g", 8)
+    store.upsert(side, [Item("b0", {"text": unit(7)})], "v3", "t")
+    return side
+
+
 def test_an_embedded_store_on_disk_commits_in_wal_mode_and_keeps_every_write(tmp_path) -> None:
     """Writes to local mode on a path switch its SQLite file to write-ahead logging (no
     fsync per point); what was written, rewritten and deleted is all there after reopening,
@@ -42,12 +53,7 @@ def test_an_embedded_store_on_disk_commits_in_wal_mode_and_keeps_every_write(tmp
     import sqlite3
 
     store = GalleryStore(QdrantClient(path=str(tmp_path)), serialise=True)
-    store.create("g", 8)
-    store.upsert("g", [Item(f"a{i}", {"image": unit(i)}) for i in range(300)], "v1", "s")
-    store.upsert("g", [Item("a0", {"image": unit(999)})], "v2", "s")
-    store.delete("g", ["a1"])
-    side = store.create_side("g", 8)
-    store.upsert(side, [Item("b0", {"text": unit(7)})], "v3", "t")
+    side = _written_rewritten_deleted(store)
     files = sorted(tmp_path.glob("collection/*/storage.sqlite"))
     assert len(files) == 2
     for file in files:
@@ -77,12 +83,7 @@ def test_an_edge_store_on_disk_keeps_every_write_side_and_alias_after_reopening(
     from service.state.gallery.edge import EdgeClient
 
     store = GalleryStore(EdgeClient(tmp_path), serialise=True)
-    store.create("g", 8)
-    store.upsert("g", [Item(f"a{i}", {"image": unit(i)}) for i in range(300)], "v1", "s")
-    store.upsert("g", [Item("a0", {"image": unit(999)})], "v2", "s")
-    store.delete("g", ["a1"])
-    side = store.create_side("g", 8)
-    store.upsert(side, [Item("b0", {"text": unit(7)})], "v3", "t")
+    side = _written_rewritten_deleted(store)
     first = store.collection_of("g")
     store.point_alias("g", side)
     store.close()

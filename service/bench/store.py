@@ -120,6 +120,18 @@ def _items(seed: int, c: int, n: int, dim: int) -> list[Any]:
             for r in range(n)]
 
 
+def _searches(store: Any, queries: np.ndarray, truth: list[list[str]]) -> dict[str, float]:
+    """p50/p99 (ms) of one search per query at 1 client, and recall@10 against ``truth``."""
+    lat, recalls = [], []
+    for v, want in zip(queries, truth):
+        t = time.perf_counter()
+        hits = store.search("g", v, "image", 10)
+        lat.append(time.perf_counter() - t)
+        recalls.append(len({h.id for h in hits} & set(want)) / 10)
+    return {"p50_ms": round(_pct(lat, 50), 2), "p99_ms": round(_pct(lat, 99), 2),
+            "recall_at_10": round(float(np.mean(recalls)), 4)}
+
+
 def _pct(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values) * 1e3, q))
 
@@ -174,26 +186,14 @@ def case(engine: str, points: int, dim: int, work: Path, seed: int, clients: int
         out["indexed"] = store.client.indexed(store.collection_of("g"))
     out["load_s"], out["index_s"] = round(load, 1), round(index + time.perf_counter() - t, 1)
     # searches, on the loaded (and indexed) gallery
-    lat, recalls = [], []
-    for v, want in zip(q, truth):
-        t = time.perf_counter()
-        hits = store.search("g", v, "image", 10)
-        lat.append(time.perf_counter() - t)
-        recalls.append(len({h.id for h in hits} & set(want)) / 10)
-    out.update(search_p50_ms=round(_pct(lat, 50), 2), search_p99_ms=round(_pct(lat, 99), 2),
-               recall_at_10=round(float(np.mean(recalls)), 4))
+    first = _searches(store, q, truth)
+    out.update(search_p50_ms=first["p50_ms"], search_p99_ms=first["p99_ms"],
+               recall_at_10=first["recall_at_10"])
     if engine == "edge":  # the search's ef against recall and latency, on the same index
         sweep = {}
         for ef in EF_SWEEP:
             store.client.search_ef = ef
-            lat, recalls = [], []
-            for v, want in zip(q, truth):
-                t = time.perf_counter()
-                hits = store.search("g", v, "image", 10)
-                lat.append(time.perf_counter() - t)
-                recalls.append(len({h.id for h in hits} & set(want)) / 10)
-            sweep[ef] = {"p50_ms": round(_pct(lat, 50), 2), "p99_ms": round(_pct(lat, 99), 2),
-                         "recall_at_10": round(float(np.mean(recalls)), 4)}
+            sweep[ef] = _searches(store, q, truth)
         out["ef_sweep"] = sweep
         store.client.search_ef = SEARCH_EF
     done, errors = [0], []
