@@ -274,8 +274,8 @@ class Encoder:
     def encode_texts(self, texts: Sequence[str], batch_size: int = 256) -> np.ndarray:
         chunks = []
         for start in range(0, len(texts), batch_size):
-            tokens = self.tokenize(texts[start:start + batch_size]).to(self.device)
-            chunks.append(self._finish(encode_text_packed(self.model, tokens), self.text_head))
+            chunks.append(self._finish(self._text_features(texts[start:start + batch_size]),
+                                       self.text_head))
         return _concat(chunks, self.embed_dim)
 
     @torch.inference_mode()
@@ -289,8 +289,12 @@ class Encoder:
     @torch.inference_mode()
     def encode_texts_both(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """([N, D] through the heads, [N, D_towers] without them) from one forward."""
-        features = encode_text_packed(self.model, self.tokenize(texts).to(self.device))
+        features = self._text_features(texts)
         return self._finish(features, self.text_head), self._finish(features, None)
+
+    def _text_features(self, texts: Sequence[str]) -> torch.Tensor:
+        """The text tower's output for ``texts`` (before any head)."""
+        return encode_text_packed(self.model, self.tokenize(texts).to(self.device))
 
     @torch.inference_mode()
     def encode_image_tensors_both(self, pixels: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:

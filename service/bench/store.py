@@ -85,9 +85,6 @@ def queries_and_truth(seed: int, points: int, dim: int, queries: int,
 
 
 # ------------------------------------------------------------------ one engine, one size
-HNSW: tuple[int, int] | None = None  # Edge's (m, ef_construct); None: the store's
-SEARCH_EF: int | None = None  # Edge's search ef for the main rows; None: Qdrant's
-SEGMENTS: int | None = None  # Edge's segments per collection; None: Qdrant's (one per CPU)
 EF_SWEEP = (64, 128, 256, 512)
 # Edge indexes its appendable segments when asked, one graph per segment: indexing every
 # INDEX_EVERY points of a bulk load (as the store's indexer does when a load pauses) keeps
@@ -96,13 +93,14 @@ EF_SWEEP = (64, 128, 256, 512)
 INDEX_EVERY = 100_000
 
 
-def _open(engine: str, path: Path) -> Any:
+def _open(engine: str, path: Path, **edge_options: Any) -> Any:
+    """A ``GalleryStore`` on ``engine`` at ``path``; ``edge_options``: ``EdgeClient``'s
+    ``hnsw``, ``search_ef``, ``segments`` (None: the store's)."""
     from service.state.gallery import GalleryStore
     from service.state.gallery.client import open_embedded
     from service.state.gallery.edge import EdgeClient
 
-    client = (EdgeClient(path, indexer=False, hnsw=HNSW, search_ef=SEARCH_EF,
-                         segments=SEGMENTS) if engine == "edge"
+    client = (EdgeClient(path, indexer=False, **edge_options) if engine == "edge"
               else open_embedded("local", str(path)))
     return GalleryStore(client, serialise=True)
 
@@ -159,15 +157,14 @@ def case(engine: str, points: int, dim: int, work: Path, seed: int, clients: int
          ) -> dict[str, Any]:
     """One engine at one size (run in a process of its own); ``hnsw`` "m,ef" or "";
     ``search_ef``, ``segments``: 0 for Qdrant's."""
-    global HNSW, SEARCH_EF, SEGMENTS
-    HNSW = tuple(int(x) for x in hnsw.split(",")) if hnsw else None  # type: ignore[assignment]
-    SEARCH_EF, SEGMENTS = search_ef or None, segments or None
+    options = {"hnsw": tuple(int(x) for x in hnsw.split(",")) if hnsw else None,
+               "search_ef": search_ef or None, "segments": segments or None}
     data = np.load(truth_file)
     q, truth = data["q"], [list(r) for r in data["truth"]]
     path = work / f"{engine}-{points}"
     shutil.rmtree(path, ignore_errors=True)
     out: dict[str, Any] = {"engine": engine, "points": points, "dim": dim}
-    store = _open(engine, path)
+    store = _open(engine, path, **options)
     store.create("g", dim)
     load = index = 0.0
     for c, n in chunks(points):
@@ -195,7 +192,7 @@ def case(engine: str, points: int, dim: int, work: Path, seed: int, clients: int
             store.client.search_ef = ef
             sweep[ef] = _searches(store, q, truth)
         out["ef_sweep"] = sweep
-        store.client.search_ef = SEARCH_EF
+        store.client.search_ef = options["search_ef"]
     done, errors = [0], []
 
     def client_loop(rows: np.ndarray) -> None:
@@ -242,7 +239,7 @@ def case(engine: str, points: int, dim: int, work: Path, seed: int, clients: int
     store.close()
     out["disk_mb"] = round(_disk_mb(path))
     t = time.perf_counter()
-    store = _open(engine, path)
+    store = _open(engine, path, **options)
     store.search("g", q[0], "image", 10)
     out["reopen_s"] = round(time.perf_counter() - t, 2)
     assert store.count("g") == points, "points lost across reopen"
