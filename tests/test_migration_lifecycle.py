@@ -188,7 +188,9 @@ def test_after_a_switch_the_side_is_checked_again_and_switched_back(
         sim.save(gw.jobs.work_dir(started["id"]) / VALIDATION, "random", ["t2i", "i2t"])
         gw.jobs.update(started["id"], lambda j: j.merged(result={
             "backfill_planned": True, "switch_at": 0.2, "switched_at_fraction": 0.2}))
-        view = wait_for(lambda: (v := migration(client))["state"] == "backfilling" and v,
+        # The registry's switch back lands a moment before the job records it: wait for both.
+        view = wait_for(lambda: (v := migration(client))["state"] == "backfilling"
+                        and "switched_back_at_fraction" in v["result"] and v,
                         60, "the switch back")
         assert view["phase"] == "backfilling" and view["serving_space"] == "v1"
         check = view["result"]["checks"][-1]
