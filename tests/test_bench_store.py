@@ -21,5 +21,7 @@ def test_bench_store_measures_both_engines_and_its_crash_test_loses_nothing(tmp_
     for r in result["rows"]:
         assert r["recall_at_10"] == 1.0 and r["errors"] == 0  # exact at this size
         assert r["update_per_s"] > 0 and r["scroll_per_s"] > 0 and r["reopen_s"] >= 0
+    during = result["rows"][0]["during_index"]  # Edge: searches went on while it indexed
+    assert during["searches"] >= 1 and during["index_s"] >= 0
     for c in result["crash"]:
         assert c["kills"] == 2 and c["acknowledged_points"] > 0 and c["lost"] == 0

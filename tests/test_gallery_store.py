@@ -4,6 +4,8 @@ disk."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 from qdrant_client import QdrantClient
 
@@ -146,6 +148,76 @@ def test_the_edge_indexer_indexes_once_writes_are_quiet_and_search_stays_exact(
     found = [[h.id for h in store.search("g", q, "image", 5)] for q in queries]
     assert np.mean([len(set(a) & set(b)) / 5 for a, b in zip(found, exact)]) >= 0.95
     store.close()
+
+
+def test_an_edge_index_is_built_off_the_process_and_keeps_the_writes_made_meanwhile(
+        tmp_path) -> None:
+    """``optimize`` indexes a copy in a child process: while the child runs this process
+    searches (exact answers) and writes; the writes made meanwhile are in the indexed shard
+    that takes the live one's place, and stay there after a reopen."""
+    import time
+
+    from service.state.gallery.edge import EdgeClient
+
+    client = EdgeClient(tmp_path, indexer=False, indexing_threshold_kb=10)
+    store = GalleryStore(client, serialise=True)
+    store.create("g", 64)
+    rng = np.random.default_rng(1)
+    vectors = rng.normal(size=(30_000, 64)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    for start in range(0, len(vectors), 5000):
+        store.upsert("g", [Item(f"i{n}", {"image": vectors[n]})
+                           for n in range(start, start + 5000)], "v", "s")
+    collection = store.collection_of("g")
+    built: list[bool] = []
+    builder = threading.Thread(target=lambda: built.append(client.optimize(collection)))
+    builder.start()
+    deadline = time.monotonic() + 30
+    while client._child is None and time.monotonic() < deadline:
+        time.sleep(0.001)
+    child = client._child
+    assert child is not None, "no child process indexed the copy"
+    q = vectors[7]
+    assert store.search("g", q, "image", 1)[0].id == "i7"  # served while the child indexes
+    extra = rng.normal(size=(100, 64)).astype(np.float32)
+    extra /= np.linalg.norm(extra, axis=1, keepdims=True)
+    store.upsert("g", [Item(f"x{n}", {"image": v}) for n, v in enumerate(extra)], "v", "s")
+    store.delete("g", [f"i{n}" for n in range(10)])
+    assert child.poll() is None, "the child ended before the writes: the test proves nothing"
+    builder.join(120)
+    assert built == [True]
+    info = client.indexed(collection)
+    assert info["indexed_vectors"] >= 29_000 and info["points"] == 30_090
+    assert store.search("g", extra[3], "image", 1)[0].id == "x3"  # a write made meanwhile
+    assert store.vectors("g", ["i0", "i5"]) == {}  # deletes made meanwhile hold
+    assert not (tmp_path / "building").exists() or not any((tmp_path / "building").iterdir())
+    store.close()
+    again = GalleryStore(EdgeClient(tmp_path, indexer=False), serialise=True)
+    assert again.count("g") == 30_090 and again.search("g", extra[3], "image", 1)[0].id == "x3"
+    again.close()
+
+
+def test_an_edge_store_opened_after_a_crash_mid_swap_has_every_write(tmp_path) -> None:
+    """A crash between the two renames of an index swap leaves the live shard aside and
+    its place empty: the next open puts it back, and removes an unfinished copy."""
+    import os
+
+    from service.state.gallery.edge import EdgeClient
+
+    store = GalleryStore(EdgeClient(tmp_path, indexer=False), serialise=True)
+    store.create("g", 8)
+    store.upsert("g", [Item(f"i{n}", {"image": np.eye(8, dtype=np.float32)[n]})
+                       for n in range(8)], "v", "s")
+    collection = store.collection_of("g")
+    store.close()
+    (tmp_path / "retired").mkdir()
+    os.rename(tmp_path / "collections" / collection, tmp_path / "retired" / collection)
+    (tmp_path / "building" / collection).mkdir(parents=True)  # an unfinished copy
+    again = GalleryStore(EdgeClient(tmp_path, indexer=False), serialise=True)
+    assert again.count("g") == 8 and again.search(
+        "g", np.eye(8, dtype=np.float32)[3], "image", 1)[0].id == "i3"
+    assert not (tmp_path / "retired").exists() and not (tmp_path / "building").exists()
+    again.close()
 
 
 def test_the_edge_default_refuses_a_local_mode_directory_until_it_is_moved(tmp_path) -> None:

@@ -10,7 +10,7 @@ stored image vectors plus noise.
 
 Per engine and size, in a process of its own: bulk load (1,000 points a call), index
 (Edge's ``optimize``; local mode has none), a backfill's write (10,000 points rewritten,
-256 a call), a migration's read (retrieve by id, 256 a call; scroll with vectors),
+256 a call; on Edge, searches while they are indexed, off the process and in it), a migration's read (retrieve by id, 256 a call; scroll with vectors),
 search p50/p99 at 1 client and QPS at 8 client threads with recall@10 against exact
 search, a filtered search (a payload key matching 1/10 of the points), reopen time
 (close, open, first search), RSS and disk. Then a crash test per engine: a writer process
@@ -130,6 +130,30 @@ def _searches(store: Any, queries: np.ndarray, truth: list[list[str]]) -> dict[s
             "recall_at_10": round(float(np.mean(recalls)), 4)}
 
 
+def _search_during(store: Any, queries: np.ndarray, build: Any) -> dict[str, float]:
+    """Searches one after another at 1 client while ``build`` runs in another thread: the
+    build's seconds, the searches made, their p50/p99/max (ms)."""
+    lat: list[float] = []
+    took: list[float] = []
+
+    def timed() -> None:
+        t = time.perf_counter()
+        build()
+        took.append(time.perf_counter() - t)
+    th = threading.Thread(target=timed)
+    th.start()
+    while True:  # at least one: a build that holds the GIL delays it to its end
+        t = time.perf_counter()
+        store.search("g", queries[len(lat) % len(queries)], "image", 10)
+        lat.append(time.perf_counter() - t)
+        if not th.is_alive():
+            break
+    th.join()
+    return {"index_s": round(took[0], 1), "searches": len(lat),
+            "p50_ms": round(_pct(lat, 50), 2), "p99_ms": round(_pct(lat, 99), 2),
+            "max_ms": round(max(lat) * 1e3, 1)}
+
+
 def _pct(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values) * 1e3, q))
 
@@ -223,7 +247,17 @@ def case(engine: str, points: int, dim: int, work: Path, seed: int, clients: int
     t = time.perf_counter()
     for i in range(0, rewrite, 256):
         store.upsert("g", items[i:i + 256], "v2", "t")
-    out["update_per_s"] = round(rewrite / (time.perf_counter() - t))
+    out["update_per_s"], out["rewritten"] = round(rewrite / (time.perf_counter() - t)), rewrite
+    if engine == "edge":  # searches while the rewritten points are indexed: off the
+        # process (the store's way) and, for comparison, in it (holding the GIL)
+        collection = store.collection_of("g")
+        out["during_index"] = _search_during(store, q, lambda: store.client.optimize(
+            collection))
+        again = _items(seed + 2, 0, rewrite, dim)
+        for i in range(0, rewrite, 256):
+            store.upsert("g", again[i:i + 256], "v3", "t")
+        out["during_index_in_process"] = _search_during(store, q, lambda: store.client.optimize(
+            collection, off_process=False))
     ids = [f"p{i}" for i in np.random.default_rng(seed).choice(points, rewrite, replace=False)]
     t = time.perf_counter()
     for i in range(0, rewrite, 256):
@@ -367,6 +401,14 @@ def render(result: dict[str, Any]) -> str:
                  f"{result['search_ef']}; segments {result['segments']}; "
                  f"{result['queries']} queries, {result['dim']}-d")
     for r in result["rows"]:
+        for key, how in (("during_index", "off the process (the store's way)"),
+                         ("during_index_in_process", "in the process")):
+            if key in r:
+                d = r[key]
+                lines.append(f"{r['engine']} {r['points']:,}, searches while "
+                             f"{r['rewritten']:,} rewritten points are indexed {how}: index {d['index_s']} s, "
+                             f"{d['searches']} searches, p50 {d['p50_ms']} ms, "
+                             f"p99 {d['p99_ms']} ms, max {d['max_ms']} ms")
         for ef, e in (r.get("ef_sweep") or {}).items():
             lines.append(f"{r['engine']} {r['points']:,}, search ef {ef}: p50 {e['p50_ms']} ms, "
                          f"p99 {e['p99_ms']} ms, recall@10 {e['recall_at_10']}")

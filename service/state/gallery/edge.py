@@ -13,9 +13,17 @@ or drop is removed at the next open.
 Edge indexes (HNSW) only when asked (``EdgeShard.optimize``); points not yet indexed are
 searched exactly, so nothing written is ever missing from a search. ``optimize`` holds
 Python's interpreter lock for its whole run (measured: 7.8 s for 20,000 x 512-d on 2
-cores: no other thread of the process runs meanwhile), so the indexer here runs it only
-once a collection has had ``quiet_s`` seconds without writes and ``index_after`` points
-changed since the last run (a bulk load, a backfill's end), never inside a request.
+cores: no other thread of the process runs meanwhile), and Edge lets one process open a
+shard, so the index is built off this process on a copy (``optimize``): writers wait
+while the flushed shard is copied (searches go on), a child process at a lower CPU
+priority loads the copy and indexes it, the writes made meanwhile (applied to the serving
+shard as usual and kept in a journal) are replayed into it, and it replaces the serving
+shard (closed, renamed aside, the copy renamed in, loaded: searches of that collection
+wait for the load only). A crash at any point leaves either the old shard (with every
+acknowledged write) or the new one (with every write, replayed before the rename): at open
+a shard renamed aside whose place is empty is put back, and leftovers are removed. The
+indexer runs this once a collection has had ``quiet_s`` seconds without writes and
+``index_after`` points changed since the last run (a bulk load, a backfill's end).
 
 One process per directory (a lock file, like local mode's): a second opener gets a clear
 error instead of two writers on one shard.
@@ -25,8 +33,11 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -38,7 +49,19 @@ import numpy as np
 import qdrant_edge as edge
 from qdrant_client import models
 
+log = logging.getLogger(__name__)
+
 CATALOG = "catalog.json"
+BUILDING, RETIRED = "building", "retired"  # ROOT/building/NAME: a copy being indexed;
+# ROOT/retired/NAME: a shard replaced by its indexed copy, removed once the copy is in place
+# The child process that indexes a copy (only Edge imported: it starts in a moment).
+INDEX_CHILD = ("import os, sys, qdrant_edge as e\n"
+               "os.nice(10)\n"  # a lower priority than the searches it runs beside
+               "s = e.EdgeShard.load(sys.argv[1])\n"
+               "changed = s.optimize()\n"
+               "s.flush()\n"
+               "s.close()\n"
+               "print(int(bool(changed)))\n")
 HNSW = (16, 64)  # (m, ef_construct): measured by bench store (docs/benchmarks/store.md)
 LOCK = ".lock"
 
@@ -63,7 +86,10 @@ class _Collection:
     sizes: dict[str, int]
     changed: int = 0  # points written since the last optimize
     last_write: float = 0.0
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    lock: threading.Lock = field(default_factory=threading.Lock)  # the shard handle
+    writes: threading.Lock = field(default_factory=threading.Lock)  # taken before ``lock``
+    # by writers, and by an index build while it copies the shard and swaps it in
+    journal: list[Any] | None = None  # the writes made while a copy is being indexed
 
 
 def _missing(name: str) -> ValueError:
@@ -99,15 +125,22 @@ class EdgeClient:
         self.segments = segments  # segments a new collection's points spread over (None:
         # Qdrant's, one per CPU); more, smaller graphs: a better recall at a given ef
         self._meta = threading.Lock()  # the catalog and the open shards
+        self._build = threading.Lock()  # one index build at a time
+        self._child: subprocess.Popen[str] | None = None  # the build's process, if running
         catalog = self._read_catalog()
         self._aliases: dict[str, str] = dict(catalog.get("aliases", {}))
         self._open: dict[str, _Collection] = {}
         for name, sizes in catalog.get("collections", {}).items():
+            retired = self.root / RETIRED / name
+            if retired.exists() and not self._dir(name).exists():  # a crash mid-swap
+                os.rename(retired, self._dir(name))
             self._open[name] = _Collection(edge.EdgeShard.load(str(self._dir(name))),
                                            dict(sizes))
         for stray in (self.root / "collections").iterdir():  # an interrupted create or drop
             if stray.name not in self._open:
                 shutil.rmtree(stray, ignore_errors=True)
+        for leftover in (BUILDING, RETIRED):  # an interrupted index build
+            shutil.rmtree(self.root / leftover, ignore_errors=True)
         self._closed = threading.Event()
         self._indexer = threading.Thread(target=self._index_loop, name="edge-indexer",
                                          daemon=True) if indexer else None
@@ -232,17 +265,21 @@ class EdgeClient:
                wait: bool = True) -> None:
         c = self._collection(collection_name)
         batch = [edge.Point(str(p.id), p.vector, p.payload) for p in points]  # type: ignore[arg-type]
-        with c.lock:
-            c.shard.update(edge.UpdateOperation.upsert_points(batch))
-            c.changed += len(batch)
-            c.last_write = time.monotonic()
+        self._write(c, edge.UpdateOperation.upsert_points(batch), len(batch))
 
     def delete(self, collection_name: str, points_selector: models.PointIdsList,
                wait: bool = True) -> None:
         c = self._collection(collection_name)
-        with c.lock:
-            c.shard.update(edge.UpdateOperation.delete_points(
-                [str(i) for i in points_selector.points]))
+        self._write(c, edge.UpdateOperation.delete_points(
+            [str(i) for i in points_selector.points]), 0)
+
+    @staticmethod
+    def _write(c: _Collection, op: Any, points: int) -> None:
+        with c.writes, c.lock:
+            c.shard.update(op)
+            if c.journal is not None:
+                c.journal.append(op)
+            c.changed += points
             c.last_write = time.monotonic()
 
     def count(self, collection_name: str, count_filter: models.Filter | None = None,
@@ -287,12 +324,77 @@ class EdgeClient:
 
     # -- indexing and lifetime -------------------------------------------------------------
 
-    def optimize(self, collection_name: str) -> bool:
-        """Index what was written since the last run (blocks, holding the GIL)."""
+    def optimize(self, collection_name: str, off_process: bool = True) -> bool:
+        """Index what was written since the last run; True if anything was indexed.
+
+        ``off_process`` (the default): built on a copy by a child process, then swapped in
+        (the module's docstring); searches and writes go on meanwhile. Otherwise in this
+        process, holding the interpreter lock throughout: for a tool no one searches
+        through (``store move``)."""
         c = self._collection(collection_name)
-        with c.lock:
-            c.changed = 0
-            return bool(c.shard.optimize())
+        if not off_process:
+            with c.writes, c.lock:
+                c.changed = 0
+                return bool(c.shard.optimize())
+        with self._meta:
+            name = self._aliases.get(collection_name, collection_name)
+        with self._build:
+            return self._build_off_process(name, c)
+
+    def _build_off_process(self, name: str, c: _Collection) -> bool:
+        live, copy, aside = (self._dir(name), self.root / BUILDING / name,
+                             self.root / RETIRED / name)
+        shutil.rmtree(copy, ignore_errors=True)
+        copy.parent.mkdir(exist_ok=True)
+        with c.writes:  # no write while the shard is copied; searches go on
+            with c.lock:
+                c.shard.flush()
+            shutil.copytree(live, copy)
+            c.journal, c.changed = [], 0
+        try:
+            if self._closed.is_set():
+                raise InterruptedError("closing")
+            self._child = subprocess.Popen(
+                [sys.executable, "-c", INDEX_CHILD, str(copy)],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            out, err = self._child.communicate()
+            if self._closed.is_set():
+                raise InterruptedError("closing")
+            if self._child.returncode != 0:
+                raise RuntimeError(f"indexing {name} failed in its child process "
+                                   f"(exit {self._child.returncode}): {err.strip()[-500:]}")
+            indexed = out.strip().endswith("1")
+            with c.writes:
+                with self._meta:
+                    if self._open.get(name) is not c:  # dropped meanwhile: nothing to swap
+                        raise InterruptedError(f"{name} was dropped")
+                journal, c.journal = c.journal or [], None
+                fresh = edge.EdgeShard.load(str(copy))  # every write made meanwhile, in it
+                for op in journal:  # before it takes the live shard's place
+                    fresh.update(op)
+                fresh.flush()
+                fresh.close()
+                aside.parent.mkdir(exist_ok=True)
+                with c.lock:  # searches of this collection wait from here to the load
+                    c.shard.close()
+                    os.rename(live, aside)
+                    os.rename(copy, live)
+                    try:
+                        c.shard = edge.EdgeShard.load(str(live))
+                    except BaseException:  # the old shard, with every write, serves again
+                        os.rename(live, copy)
+                        os.rename(aside, live)
+                        c.shard = edge.EdgeShard.load(str(live))
+                        raise
+            shutil.rmtree(aside, ignore_errors=True)
+            return indexed
+        except BaseException:
+            with c.writes:
+                c.journal = None
+            shutil.rmtree(copy, ignore_errors=True)
+            raise
+        finally:
+            self._child = None
 
     def indexed(self, collection_name: str) -> dict[str, int]:
         """``{"points", "indexed_vectors", "segments"}`` of one collection."""
@@ -314,8 +416,15 @@ class EdgeClient:
             for name in self._due():
                 try:
                     self.optimize(name)
-                except ValueError:  # dropped meanwhile
+                except (ValueError, InterruptedError):  # dropped meanwhile, or closing
                     continue
+                except Exception:  # the shard serves on unindexed; tried again when due
+                    log.exception("indexing %s failed", name)
+                    with self._meta:
+                        c = self._open.get(name)
+                    if c is not None:  # tried again a minute after the last write
+                        c.changed = max(c.changed, self.index_after)
+                        c.last_write = time.monotonic() + 60
 
     def flush(self) -> None:
         with self._meta:
@@ -328,6 +437,9 @@ class EdgeClient:
         if self._closed.is_set():
             return
         self._closed.set()
+        child = self._child
+        if child is not None and child.poll() is None:
+            child.kill()  # an index build is abandoned: its copy is removed
         if self._indexer is not None:
             self._indexer.join()
         with self._meta:

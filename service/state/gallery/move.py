@@ -102,7 +102,7 @@ def move_local_to_edge(source: Path, target: Path) -> Moved:
                     != moved.aliases:
                 problems.append("the aliases differ")
             for c in moved.collections:
-                dst.optimize(c)  # index now, before a gateway serves from it
+                dst.optimize(c, off_process=False)  # index now, before a gateway serves
         finally:
             dst.close()
     finally:
