@@ -53,19 +53,29 @@ def _new_ranking(up: Path, world: Path, ids: list[str]) -> list[str]:
 
 def test_a_reranked_answer_is_new_ranking_of_the_routes_candidates_and_fills_once(
         micro_versions, world, up_trained, tmp_path) -> None:
-    with migrating_stack(tmp_path, micro_versions, world, up_trained) as (client, _):
+    # no batching wait: only what is submitted in one event-loop turn shares a forward
+    with migrating_stack(tmp_path, micro_versions, world, up_trained,
+                         batch_max_wait_ms=0.0) as (client, _):
         view = _migrating(client)
         route = _search(client, top_k=10, rerank=False)
         assert route["route"] != "rerank" and route["reranked"] is None
         candidates = [h["id"] for h in route["hits"]]
+        gw = client.app.state.gateway  # type: ignore[attr-defined]
+
+        def image_forwards() -> tuple[float, float]:
+            get = gw.metrics.registry.get_sample_value
+            return (get("nobackfill_batch_size_count", {"modality": "image"}) or 0.0,
+                    get("nobackfill_batch_size_sum", {"modality": "image"}) or 0.0)
+        before = image_forwards()
         first = _search(client, top_k=10, rerank=True, rerank_k=10)
         assert first["route"] == "rerank"
+        after = image_forwards()  # the 10 candidates' images went in one forward
+        assert (after[0] - before[0], after[1] - before[1]) == (1.0, 10.0)
         assert [h["id"] for h in first["hits"]] == _new_ranking(up_trained, world, candidates)
         assert first["reranked"]["read"] == 0 and first["reranked"]["embedded"] == 10
         assert first["reranked"]["kept_route_place"] == []
         assert all(h["space"] == "v3" for h in first["hits"])
         # what it embedded is on the new side, once, marked as filled by a read
-        gw = client.app.state.gateway  # type: ignore[attr-defined]
         serving = gw.runtime.serving("shapes")  # the route is NEW's towers + a map: the
         assert serving.ready().shares_towers(serving.others[0].embedder)  # query, one forward
         target = view["target"]["collection"]

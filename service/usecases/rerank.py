@@ -17,7 +17,10 @@ by the new model's ranking of the route's candidates.
 
 An item is embedded at most once at a time in a process (single flight, keyed by the new
 side and the item): a second search that needs it waits for the first one's embedding.
-A search uses a vector as soon as it is embedded; its write follows. An embedding that
+The candidates a search must embed go together (``_fill``): their sources read and
+decoded in a thread per core, then every forward submitted in one event-loop turn, so
+the dynamic batcher makes one batch of them (not one per arrival). A search uses a
+vector as soon as it is embedded; its write follows. An embedding that
 outlives its search's budget still finishes and is written, so the next search reads it.
 The fills that finish together are written as one batch (``_written``: one lock, one
 upsert) through the gallery's one writer with the backfill's etag rule (only if the
@@ -30,21 +33,24 @@ says so (``made.via: "read"``), and the migration job's record of filled items
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import os
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
 from service.runtime.embedder import Embedder
 from service.runtime.gateway import Gateway
-from service.state.errors import Conflict, InvalidInput
+from service.state.errors import Conflict, InvalidInput, ServiceError
 from service.state.gallery.store import KINDS, Hit, Stored
 from service.state.jobs.shards import record_filled
 from service.state.paths import Roots
-from service.usecases.media import decode_image_async
+from service.usecases.media import DecodeBudget, decode_image
 from service.vectors.backfill import origin_of
 from service.vectors.sources import CAS, SourceStore
 from service.vectors.writer import Batch, DirectWriter
@@ -107,8 +113,8 @@ async def rerank(gateway: Gateway, serving: Any, candidates: list[Hit], query_ne
         _read, gateway, serving.collection, other.collection, ids)
     new = {item: vectors[item][kind] for item in ids if kind in vectors.get(item, {})}
     report.read = len(new)
-    flights = {item: _flight(gateway, serving, other, source[item]) for item in ids
-               if item not in new and item in source}
+    flights = _flights(gateway, serving, other,
+                       [source[item] for item in ids if item not in new and item in source])
     if flights:
         left = max(0.0, budget / 1e3 - (time.perf_counter() - started))
         done, _ = await asyncio.wait({f.embedded for f in flights.values()}, timeout=left)
@@ -160,23 +166,33 @@ def _current(source: Stored | None, target: Stored | None) -> bool:
             and (target.made or {}).get("by", "embed") == "embed")
 
 
-def _flight(gateway: Gateway, serving: Any, other: Any, stored: Stored) -> _Flight:
-    """The one embedding of ``stored`` into the new side in this process (single flight):
-    a running one is joined, else one is started; it ends once what it embedded is
-    written."""
-    key = (other.collection, stored.id)
-    running = _INFLIGHT.get(key)
-    if running is not None and not running.task.done():
-        return running
+def _flights(gateway: Gateway, serving: Any, other: Any, items: list[Stored],
+             ) -> dict[str, _Flight]:
+    """Each item's one embedding into the new side in this process (single flight): a
+    running one is joined; the others start together, as one group (``_fill``). A flight
+    ends once what it embedded is written."""
+    flights: dict[str, _Flight] = {}
+    group = []
+    for stored in items:
+        running = _INFLIGHT.get((other.collection, stored.id))
+        if running is not None and not running.task.done():
+            flights[stored.id] = running
+        else:
+            group.append(stored)
+    if not group:
+        return flights
     loop = asyncio.get_running_loop()
-    embedded: asyncio.Future[Vectors | None] = loop.create_future()
-    task = loop.create_task(_fill(gateway, serving, other, stored, embedded))
-    flight = _INFLIGHT[key] = _Flight(embedded, task)
-    task.add_done_callback(lambda t, key=key: _forget(key, flight))
-    return flight
+    embedded: dict[str, asyncio.Future[Vectors | None]] = {
+        s.id: loop.create_future() for s in group}
+    task = loop.create_task(_fill(gateway, serving, other, group, embedded))
+    for s in group:
+        key = (other.collection, s.id)
+        flight = _INFLIGHT[key] = flights[s.id] = _Flight(embedded[s.id], task)
+        task.add_done_callback(functools.partial(_forget, key, flight))
+    return flights
 
 
-def _forget(key: tuple[str, str], flight: _Flight) -> None:
+def _forget(key: tuple[str, str], flight: _Flight, _task: Any = None) -> None:
     if _INFLIGHT.get(key) is flight:
         del _INFLIGHT[key]
     if not flight.embedded.done():  # the task failed before it embedded: nothing to use
@@ -186,31 +202,40 @@ def _forget(key: tuple[str, str], flight: _Flight) -> None:
         log.warning("read-through fill of %s failed: %s", key[1], exc, exc_info=exc)
 
 
-async def _fill(gateway: Gateway, serving: Any, other: Any, stored: Stored,
-                embedded: asyncio.Future[Vectors | None]) -> None:
-    """NEW's vectors of every kind the item has, from its kept source (``embedded`` gets
-    them, or None when a source cannot be read), then written to the new side (etag rule,
-    never over NEW's own vector) and recorded in the migration job's ``FilledByReads``
-    (its backfill skips the item)."""
-    vectors = await _embedded(gateway, other.embedder, stored)
-    embedded.set_result(vectors)
-    if vectors is not None:
-        await _written(gateway, serving, other, stored, vectors)
+async def _fill(gateway: Gateway, serving: Any, other: Any, group: list[Stored],
+                embedded: dict[str, asyncio.Future[Vectors | None]]) -> None:
+    """NEW's vectors of every kind each item of ``group`` has, from its kept sources
+    (``embedded[id]`` gets them, or None when a source cannot be read), then written to the
+    new side (etag rule, never over NEW's own vector) and recorded in the migration job's
+    ``FilledByReads`` (its backfill skips the item)."""
+    made = await _embedded(gateway, other.embedder, group)
+    for s in group:
+        embedded[s.id].set_result(made.get(s.id))
+    await asyncio.gather(*(_written(gateway, serving, other, s, v)
+                           for s in group if (v := made.get(s.id)) is not None))
 
 
-async def _embedded(gateway: Gateway, embedder: Embedder, stored: Stored) -> Vectors | None:
-    origin = origin_of(stored.kinds, stored.origin, stored.payload)
-    vectors: Vectors = {}
-    for kind in (k for k in KINDS if k in stored.kinds):
-        if not origin.get(kind):
-            return None
-        coroutine = (_embed_image(gateway, embedder, str(origin[kind])) if kind == "image"
-                     else embedder.embed_text(str(origin[kind])))
-        vector = await _readable(coroutine)
-        if vector is None:
-            return None
-        vectors[kind] = np.asarray(vector, np.float32)
-    return vectors or None
+async def _embedded(gateway: Gateway, embedder: Embedder, group: list[Stored],
+                    ) -> dict[str, Vectors | None]:
+    """Each item's vectors (None: a source is missing or cannot be read or embedded)."""
+    origins = {s.id: origin_of(s.kinds, s.origin, s.payload) for s in group}
+    kinds = {s.id: [k for k in KINDS if k in s.kinds] for s in group}
+    readable = [s.id for s in group
+                if kinds[s.id] and all(origins[s.id].get(k) for k in kinds[s.id])]
+    with_image = [i for i in readable if "image" in kinds[i]]
+    pixels = await _pixels(gateway, embedder, [str(origins[i]["image"]) for i in with_image])
+    jobs: list[tuple[str, str, Coroutine[Any, Any, np.ndarray]]] = [
+        (i, "image", embedder.embed_pixels(p)) for i, p in zip(with_image, pixels)
+        if p is not None]
+    jobs += [(i, "text", embedder.embed_text(str(origins[i]["text"]))) for i in readable
+             if "text" in kinds[i]]
+    found = await asyncio.gather(*(_readable(c) for _, _, c in jobs))  # one turn: one batch
+    vectors: dict[str, Vectors] = {}
+    for (item, kind, _), vector in zip(jobs, found):
+        if vector is not None:
+            vectors.setdefault(item, {})[kind] = np.asarray(vector, np.float32)
+    return {s.id: vectors[s.id] if len(vectors.get(s.id, {})) == len(kinds[s.id]) else None
+            for s in group}
 
 
 async def _written(gateway: Gateway, serving: Any, other: Any, stored: Stored,
@@ -257,11 +282,35 @@ async def _readable(coroutine: Coroutine[Any, Any, np.ndarray]) -> np.ndarray | 
         return None
 
 
-async def _embed_image(gateway: Gateway, embedder: Embedder, uri: str) -> np.ndarray:
-    data = await asyncio.to_thread(_source_bytes, gateway, uri)
-    image = await decode_image_async(data, gateway.settings, embedder.image_side)
-    pixels = await asyncio.to_thread(embedder.pixels, image)
-    return await embedder.embed_pixels(pixels)
+async def _pixels(gateway: Gateway, embedder: Embedder, uris: list[str],
+                  ) -> list[torch.Tensor | None]:
+    """The model inputs of ``uris`` (None where one cannot be read or decoded), read and
+    decoded under the process's decode budget in one thread per core."""
+    if not uris:
+        return []
+    parts = max(1, min(len(uris), os.cpu_count() or 1))
+    chunks = [uris[n::parts] for n in range(parts)]
+    done = await asyncio.gather(*(asyncio.to_thread(_load_pixels, gateway, embedder, chunk)
+                                  for chunk in chunks))
+    out: list[torch.Tensor | None] = [None] * len(uris)
+    for n, chunk in enumerate(done):
+        out[n::parts] = chunk
+    return out
+
+
+def _load_pixels(gateway: Gateway, embedder: Embedder, uris: list[str],
+                 ) -> list[torch.Tensor | None]:
+    settings, side = gateway.settings, embedder.image_side
+    budget = DecodeBudget.of(settings)
+    out: list[torch.Tensor | None] = []
+    for uri in uris:
+        try:
+            image = decode_image(_source_bytes(gateway, uri), settings.max_image_pixels,
+                                 settings.max_image_bytes, side, budget)
+            out.append(embedder.pixels(image))
+        except (OSError, ValueError, ServiceError):  # unreadable, undecodable, too large,
+            out.append(None)  # no room in the budget: kept in place (not written)
+    return out
 
 
 def _source_bytes(gateway: Gateway, uri: str) -> bytes:
