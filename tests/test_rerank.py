@@ -186,8 +186,12 @@ def test_a_migration_served_by_rerank_reranks_every_search_and_counts_its_fill(
         assert answer["route"] == "rerank" and answer["reranked"]["k"] == 6
         assert answer["reranked"]["embedded"] == 6
         assert _search(client, top_k=3, rerank=False)["route"] != "rerank"
-        progress = migration(client)["progress"]
-        assert progress["filled_by_reads"] == 6 and progress["filled_by_backfill"] == 0
+        from test_worker import wait_for
+
+        # written once each item has every kind (its caption is embedded after the answer)
+        progress = wait_for(lambda: (p := migration(client)["progress"])["filled_by_reads"]
+                            == 6 and p, 30, "the fills")
+        assert progress["filled_by_backfill"] == 0
 
 
 def test_a_lazy_migration_fills_by_reads_then_its_backfill_skips_them(

@@ -63,11 +63,20 @@ Vectors = dict[str, np.ndarray]
 
 @dataclass
 class _Flight:
-    """One item's embedding into the new side: ``embedded`` resolves with NEW's vectors (None:
-    a source cannot be read) as soon as they are made; ``task`` then writes them."""
+    """One item's embedding into the new side: ``embedded[kind]`` resolves with NEW's vector
+    of that kind (None: its source cannot be read) as soon as it is made, the kind its
+    search ranks by first; ``task`` then writes the item once it has every kind."""
 
-    embedded: asyncio.Future[Vectors | None]
+    embedded: dict[str, asyncio.Future[np.ndarray | None]]
     task: asyncio.Task[None]
+
+    def of(self, kind: str) -> asyncio.Future[np.ndarray | None]:
+        """The future of ``kind`` (one resolved with None where the item lacks that kind)."""
+        if kind not in self.embedded:
+            none: asyncio.Future[np.ndarray | None] = asyncio.get_running_loop().create_future()
+            none.set_result(None)
+            return none
+        return self.embedded[kind]
 
 
 _INFLIGHT: dict[tuple[str, str], _Flight] = {}
@@ -113,15 +122,15 @@ async def rerank(gateway: Gateway, serving: Any, candidates: list[Hit], query_ne
         _read, gateway, serving.collection, other.collection, ids)
     new = {item: vectors[item][kind] for item in ids if kind in vectors.get(item, {})}
     report.read = len(new)
-    flights = _flights(gateway, serving, other,
+    flights = _flights(gateway, serving, other, kind,
                        [source[item] for item in ids if item not in new and item in source])
     if flights:
         left = max(0.0, budget / 1e3 - (time.perf_counter() - started))
-        done, _ = await asyncio.wait({f.embedded for f in flights.values()}, timeout=left)
-        for item, flight in flights.items():
-            got = flight.embedded
-            if got in done and got.exception() is None and kind in (got.result() or {}):
-                new[item] = got.result()[kind]  # type: ignore[index]
+        wanted = {item: flight.of(kind) for item, flight in flights.items()}
+        done, _ = await asyncio.wait(set(wanted.values()), timeout=left)
+        for item, got in wanted.items():
+            if got in done and got.exception() is None and got.result() is not None:
+                new[item] = got.result()  # type: ignore[assignment]
                 report.embedded += 1
             elif got not in done:
                 report.over_budget += 1
@@ -166,11 +175,11 @@ def _current(source: Stored | None, target: Stored | None) -> bool:
             and (target.made or {}).get("by", "embed") == "embed")
 
 
-def _flights(gateway: Gateway, serving: Any, other: Any, items: list[Stored],
+def _flights(gateway: Gateway, serving: Any, other: Any, kind: str, items: list[Stored],
              ) -> dict[str, _Flight]:
     """Each item's one embedding into the new side in this process (single flight): a
-    running one is joined; the others start together, as one group (``_fill``). A flight
-    ends once what it embedded is written."""
+    running one is joined; the others start together, as one group (``_fill``), ``kind``
+    (what the search ranks by) first. A flight ends once what it embedded is written."""
     flights: dict[str, _Flight] = {}
     group = []
     for stored in items:
@@ -182,9 +191,10 @@ def _flights(gateway: Gateway, serving: Any, other: Any, items: list[Stored],
     if not group:
         return flights
     loop = asyncio.get_running_loop()
-    embedded: dict[str, asyncio.Future[Vectors | None]] = {
-        s.id: loop.create_future() for s in group}
-    task = loop.create_task(_fill(gateway, serving, other, group, embedded))
+    embedded: dict[str, dict[str, asyncio.Future[np.ndarray | None]]] = {
+        s.id: {k: loop.create_future() for k in KINDS if k in s.kinds} for s in group}
+    order = (kind, *(k for k in KINDS if k != kind))
+    task = loop.create_task(_fill(gateway, serving, other, group, embedded, order))
     for s in group:
         key = (other.collection, s.id)
         flight = _INFLIGHT[key] = flights[s.id] = _Flight(embedded[s.id], task)
@@ -195,47 +205,49 @@ def _flights(gateway: Gateway, serving: Any, other: Any, items: list[Stored],
 def _forget(key: tuple[str, str], flight: _Flight, _task: Any = None) -> None:
     if _INFLIGHT.get(key) is flight:
         del _INFLIGHT[key]
-    if not flight.embedded.done():  # the task failed before it embedded: nothing to use
-        flight.embedded.set_result(None)
+    for future in flight.embedded.values():
+        if not future.done():  # the task failed before it embedded: nothing to use
+            future.set_result(None)
     if not flight.task.cancelled() and flight.task.exception() is not None:
         exc = flight.task.exception()
         log.warning("read-through fill of %s failed: %s", key[1], exc, exc_info=exc)
 
 
 async def _fill(gateway: Gateway, serving: Any, other: Any, group: list[Stored],
-                embedded: dict[str, asyncio.Future[Vectors | None]]) -> None:
-    """NEW's vectors of every kind each item of ``group`` has, from its kept sources
-    (``embedded[id]`` gets them, or None when a source cannot be read), then written to the
-    new side (etag rule, never over NEW's own vector) and recorded in the migration job's
-    ``FilledByReads`` (its backfill skips the item)."""
-    made = await _embedded(gateway, other.embedder, group)
-    for s in group:
-        embedded[s.id].set_result(made.get(s.id))
-    await asyncio.gather(*(_written(gateway, serving, other, s, v)
-                           for s in group if (v := made.get(s.id)) is not None))
-
-
-async def _embedded(gateway: Gateway, embedder: Embedder, group: list[Stored],
-                    ) -> dict[str, Vectors | None]:
-    """Each item's vectors (None: a source is missing or cannot be read or embedded)."""
+                embedded: dict[str, dict[str, asyncio.Future[np.ndarray | None]]],
+                order: tuple[str, ...]) -> None:
+    """NEW's vectors of every kind each item of ``group`` has, from its kept sources, one
+    kind at a time in ``order`` (``embedded[id][kind]`` gets each as soon as it is made, or
+    None when its source cannot be read); then the items with every kind are written to
+    the new side (etag rule, never over NEW's own vector) and recorded in the migration
+    job's ``FilledByReads`` (its backfill skips them)."""
     origins = {s.id: origin_of(s.kinds, s.origin, s.payload) for s in group}
-    kinds = {s.id: [k for k in KINDS if k in s.kinds] for s in group}
-    readable = [s.id for s in group
-                if kinds[s.id] and all(origins[s.id].get(k) for k in kinds[s.id])]
-    with_image = [i for i in readable if "image" in kinds[i]]
-    pixels = await _pixels(gateway, embedder, [str(origins[i]["image"]) for i in with_image])
-    jobs: list[tuple[str, str, Coroutine[Any, Any, np.ndarray]]] = [
-        (i, "image", embedder.embed_pixels(p)) for i, p in zip(with_image, pixels)
-        if p is not None]
-    jobs += [(i, "text", embedder.embed_text(str(origins[i]["text"]))) for i in readable
-             if "text" in kinds[i]]
-    found = await asyncio.gather(*(_readable(c) for _, _, c in jobs))  # one turn: one batch
-    vectors: dict[str, Vectors] = {}
-    for (item, kind, _), vector in zip(jobs, found):
-        if vector is not None:
-            vectors.setdefault(item, {})[kind] = np.asarray(vector, np.float32)
-    return {s.id: vectors[s.id] if len(vectors.get(s.id, {})) == len(kinds[s.id]) else None
-            for s in group}
+    made: dict[str, Vectors] = {s.id: {} for s in group}
+    for kind in order:
+        needs = [s.id for s in group if kind in embedded[s.id]]
+        found = await _embedded(gateway, other.embedder, kind,
+                                {i: origins[i].get(kind) for i in needs})
+        for item in needs:
+            vector = found.get(item)
+            embedded[item][kind].set_result(vector)
+            if vector is not None:
+                made[item][kind] = vector
+    await asyncio.gather(*(_written(gateway, serving, other, s, made[s.id]) for s in group
+                           if made[s.id] and len(made[s.id]) == len(embedded[s.id])))
+
+
+async def _embedded(gateway: Gateway, embedder: Embedder, kind: str,
+                    sources: dict[str, Any]) -> dict[str, np.ndarray]:
+    """NEW's ``kind`` vector of each item whose source (an image's location, a caption)
+    can be read and embedded; every forward submitted in one turn: one batch."""
+    items = [i for i, source in sources.items() if source]
+    if kind == "image":
+        pixels = await _pixels(gateway, embedder, [str(sources[i]) for i in items])
+        jobs = [(i, embedder.embed_pixels(p)) for i, p in zip(items, pixels) if p is not None]
+    else:
+        jobs = [(i, embedder.embed_text(str(sources[i]))) for i in items]
+    found = await asyncio.gather(*(_readable(c) for _, c in jobs))
+    return {i: np.asarray(v, np.float32) for (i, _), v in zip(jobs, found) if v is not None}
 
 
 async def _written(gateway: Gateway, serving: Any, other: Any, stored: Stored,
