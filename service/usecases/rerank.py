@@ -162,11 +162,11 @@ def ranked(candidates: list[Hit], scores: dict[str, float], version: str,
 def _read(gateway: Gateway, source: str, target: str, ids: list[str],
           ) -> tuple[dict[str, Stored], dict[str, dict[str, np.ndarray]]]:
     """The candidates on the source side (etags, origins), and the new vectors of those
-    the new side holds current."""
+    the new side holds current (one read of each side)."""
     stored_source = gateway.store.stored(source, ids)
-    stored_target = gateway.store.stored(target, ids)
-    have = [i for i in ids if _current(stored_source.get(i), stored_target.get(i))]
-    return stored_source, gateway.store.vectors(target, have) if have else {}
+    on_target = gateway.store.stored_vectors(target, ids)
+    return stored_source, {i: vectors for i, (stored, vectors) in on_target.items()
+                           if _current(stored_source.get(i), stored)}
 
 
 def _current(source: Stored | None, target: Stored | None) -> bool:

@@ -293,12 +293,20 @@ class GalleryStore:
 
     def vectors(self, gallery: str, ids: Sequence[str]) -> dict[str, dict[str, np.ndarray]]:
         """Item id -> kind -> [D] stored vector, for the given items."""
-        with self._call(gallery):
-            points = self.client.retrieve(gallery, ids=[point_id(i) for i in ids],
+        return {i: v for i, (_, v) in self.stored_vectors(gallery, ids).items()}
+
+    def stored_vectors(self, collection: str, ids: Sequence[str],
+                       ) -> dict[str, tuple[Stored, dict[str, np.ndarray]]]:
+        """Item id -> (``Stored``, kind -> [D] vector), of ``ids``, in one read."""
+        with self._call(collection):
+            points = self.client.retrieve(collection, ids=[point_id(i) for i in ids],
                                           with_payload=True, with_vectors=True)
-        return {str((p.payload or {}).get("item_id")): {
-            k: np.asarray(v, dtype=np.float32) for k, v in (p.vector or {}).items()}  # type: ignore[union-attr]
-            for p in points}
+        out = {}
+        for p in points:
+            item = _stored(p)
+            out[item.id] = (item, {k: np.asarray(v, dtype=np.float32)
+                                   for k, v in (p.vector or {}).items()})  # type: ignore[union-attr]
+        return out
 
     def close(self) -> None:
         self.client.close()
