@@ -96,6 +96,7 @@ async def drive(url: str, bodies: list[dict], concurrency: int, duration: float,
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     requests = [post_json(host, port, parts.path, body) for body in bodies]
     latencies: list[float] = []
+    slow: list[tuple[float, float]] = []  # (latency, wall-clock start) of each request
     errors: list[str] = []
     start = time.perf_counter()
     window = start + warmup
@@ -106,7 +107,7 @@ async def drive(url: str, bodies: list[dict], concurrency: int, duration: float,
         n = worker
         try:
             while time.perf_counter() < deadline:
-                t0 = time.perf_counter()
+                t0, wall = time.perf_counter(), time.time()
                 try:
                     status, body = await connection.send(requests[n % len(requests)])
                 except (OSError, ValueError, asyncio.IncompleteReadError) as exc:
@@ -117,6 +118,7 @@ async def drive(url: str, bodies: list[dict], concurrency: int, duration: float,
                         errors.append(f"{status}: {body[:200].decode(errors='replace')}")
                     elif window <= done <= deadline:
                         latencies.append(done - t0)
+                        slow.append((done - t0, wall))
                 n += concurrency
         finally:
             connection.close()
@@ -127,7 +129,10 @@ async def drive(url: str, bodies: list[dict], concurrency: int, duration: float,
             "warmup_s": warmup, "qps": len(latencies) / duration,
             "p50_ms": percentile(latencies, 50) * 1000, "p99_ms": percentile(latencies, 99) * 1000,
             "mean_ms": sum(latencies) / max(1, len(latencies)) * 1000,
-            "latencies_ms": [round(x * 1000, 3) for x in latencies]}
+            "latencies_ms": [round(x * 1000, 3) for x in latencies],
+            # the 10 slowest, to set beside a log: [ms, UTC start]
+            "slowest": [[round(lat * 1000, 1), time.strftime("%H:%M:%S", time.gmtime(at))
+                         + f".{int(at % 1 * 1000):03d}"] for lat, at in sorted(slow)[-10:]]}
 
 
 def main() -> None:

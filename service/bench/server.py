@@ -68,4 +68,5 @@ def pool(runs: list[dict]) -> dict:
             "first_error": errors[0] if errors else None, "seconds": round(seconds, 2),
             "qps": len(latencies) / seconds if seconds else 0.0,
             "p50_ms": percentile(latencies, 50), "p99_ms": percentile(latencies, 99),
-            "mean_ms": sum(latencies) / max(1, len(latencies))}
+            "mean_ms": sum(latencies) / max(1, len(latencies)),
+            "slowest": sorted(x for run in runs for x in run.get("slowest", []))[-10:]}

@@ -46,8 +46,12 @@ class Gateway:
 def open_gateway(settings: Settings, metrics: Metrics,
                  load: EncoderLoader | None = None) -> Gateway:
     registry = Registry.of(settings)  # checks gates under this process's criterion
-    # Local Qdrant mode has no internal locking; a server handles concurrency itself.
-    store = GalleryStore(open_qdrant(settings), serialise=settings.qdrant_url is None)
+    # Local Qdrant mode has no internal locking; Edge (``EdgeClient``: a lock per shard)
+    # and a server handle concurrency themselves, so a search never queues behind a write
+    # that waits (e.g. while Edge copies a shard to index it).
+    client = open_qdrant(settings)
+    store = GalleryStore(client, serialise=settings.qdrant_url is None
+                         and settings.qdrant_engine == "local")
     lane = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nobackfill-device")
     batching = Batching(settings.batch_max_size, settings.batch_max_wait_s)
     runtime = Runtime(registry, load or _device_loader(settings.device), lane, batching, metrics,
