@@ -197,6 +197,29 @@ def test_an_edge_index_is_built_off_the_process_and_keeps_the_writes_made_meanwh
     again.close()
 
 
+def test_edge_collections_index_the_keys_the_store_counts_on_also_when_made_before(
+        tmp_path) -> None:
+    """Every collection has keyword indexes on item_id, made.by and made.via (a count on an
+    unindexed key scans every point holding the interpreter lock); a collection made
+    without one gets it when the store opens."""
+    import qdrant_edge as edge
+
+    from service.state.gallery.edge import INDEXED, EdgeClient
+
+    store = GalleryStore(EdgeClient(tmp_path, indexer=False), serialise=False)
+    store.create("g", 8)
+    collection = store.collection_of("g")
+    assert set(INDEXED) <= set(store.client._collection(collection).shard.info().payload_schema)
+    store.close()
+    shard = edge.EdgeShard.load(str(tmp_path / "collections" / collection))
+    shard.update(edge.UpdateOperation.delete_field_index("made.via"))
+    assert "made.via" not in shard.info().payload_schema
+    shard.close()
+    again = GalleryStore(EdgeClient(tmp_path, indexer=False), serialise=False)
+    assert set(INDEXED) <= set(again.client._collection(collection).shard.info().payload_schema)
+    again.close()
+
+
 def test_an_edge_store_opened_after_a_crash_mid_swap_has_every_write(tmp_path) -> None:
     """A crash between the two renames of an index swap leaves the live shard aside and
     its place empty: the next open puts it back, and removes an unfinished copy."""

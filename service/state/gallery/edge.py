@@ -57,6 +57,10 @@ log = logging.getLogger(__name__)
 # for a retrieve of 2,048 beside a busy thread, 25 ms alone); larger batches are split.
 CALL_POINTS = 256
 CATALOG = "catalog.json"
+# Keyword indexes of every collection: what the store filters and counts on (the etag
+# reads, the backfill's made.by, the migration view's made.via). A count on a key without
+# one scans every point holding the interpreter lock (41 ms at 20,000 points, measured).
+INDEXED = ("item_id", "made.by", "made.via")
 BUILDING, RETIRED = "building", "retired"  # ROOT/building/NAME: a copy being indexed;
 # ROOT/retired/NAME: a shard replaced by its indexed copy, removed once the copy is in place
 # The child process that indexes a copy (only Edge imported: it starts in a moment).
@@ -139,8 +143,9 @@ class EdgeClient:
             retired = self.root / RETIRED / name
             if retired.exists() and not self._dir(name).exists():  # a crash mid-swap
                 os.rename(retired, self._dir(name))
-            self._open[name] = _Collection(edge.EdgeShard.load(str(self._dir(name))),
-                                           dict(sizes))
+            shard = edge.EdgeShard.load(str(self._dir(name)))
+            _indexed(shard)  # a collection made before an index was added gets it now
+            self._open[name] = _Collection(shard, dict(sizes))
         for stray in (self.root / "collections").iterdir():  # an interrupted create or drop
             if stray.name not in self._open:
                 shutil.rmtree(stray, ignore_errors=True)
@@ -215,9 +220,7 @@ class EdgeClient:
             path = self._dir(name)
             shutil.rmtree(path, ignore_errors=True)
             shard = edge.EdgeShard.create(str(path), config)
-            for key in ("item_id", "made.by"):  # what counts and fills filter on
-                shard.update(edge.UpdateOperation.create_field_index(
-                    key, edge.PayloadSchemaType.Keyword))
+            _indexed(shard)
             self._open[name] = _Collection(shard, sizes)
             self._write_catalog()
         return True
@@ -487,6 +490,15 @@ class _Info:
 @dataclass
 class _Response:
     points: list[_Point]
+
+
+def _indexed(shard: Any) -> None:
+    """Create the keyword indexes of ``INDEXED`` the shard lacks."""
+    have = set(shard.info().payload_schema)
+    for key in INDEXED:
+        if key not in have:
+            shard.update(edge.UpdateOperation.create_field_index(
+                key, edge.PayloadSchemaType.Keyword))
 
 
 def _dense(query: Any) -> list[float]:
