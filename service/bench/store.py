@@ -141,12 +141,16 @@ def _search_during(store: Any, queries: np.ndarray, build: Any) -> dict[str, flo
         build()
         took.append(time.perf_counter() - t)
     th = threading.Thread(target=timed)
+    last = time.perf_counter()
     th.start()
-    while True:  # at least one: a build that holds the GIL delays it to its end
-        t = time.perf_counter()
+    while True:  # at least one; each the time since the previous one ended (from the
+        # build's start for the first), so that a build holding the GIL counts wherever
         store.search("g", queries[len(lat) % len(queries)], "image", 10)
-        lat.append(time.perf_counter() - t)
-        if not th.is_alive():
+        alive = th.is_alive()
+        now = time.perf_counter()
+        lat.append(now - last)
+        last = now
+        if not alive:
             break
     th.join()
     return {"index_s": round(took[0], 1), "searches": len(lat),
