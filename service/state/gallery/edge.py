@@ -347,13 +347,13 @@ class EdgeClient:
         (the module's docstring); searches and writes go on meanwhile. Otherwise in this
         process, holding the interpreter lock throughout: for a tool no one searches
         through (``store move``)."""
-        c = self._collection(collection_name)
+        with self._meta:
+            name = self._aliases.get(collection_name, collection_name)
+        c = self._collection(name)
         if not off_process:
             with c.writes, c.lock:
                 c.changed = 0
                 return bool(c.shard.optimize())
-        with self._meta:
-            name = self._aliases.get(collection_name, collection_name)
         with self._build:
             return self._build_off_process(name, c)
 

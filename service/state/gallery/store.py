@@ -293,20 +293,19 @@ class GalleryStore:
 
     def vectors(self, gallery: str, ids: Sequence[str]) -> dict[str, dict[str, np.ndarray]]:
         """Item id -> kind -> [D] stored vector, for the given items."""
-        return {i: v for i, (_, v) in self.stored_vectors(gallery, ids).items()}
+        return {str((p.payload or {}).get("item_id")): _vectors_of(p)
+                for p in self._with_vectors(gallery, ids)}
 
     def stored_vectors(self, collection: str, ids: Sequence[str],
                        ) -> dict[str, tuple[Stored, dict[str, np.ndarray]]]:
         """Item id -> (``Stored``, kind -> [D] vector), of ``ids``, in one read."""
+        return {(s := _stored(p)).id: (s, _vectors_of(p))
+                for p in self._with_vectors(collection, ids)}
+
+    def _with_vectors(self, collection: str, ids: Sequence[str]) -> list[Any]:
         with self._call(collection):
-            points = self.client.retrieve(collection, ids=[point_id(i) for i in ids],
-                                          with_payload=True, with_vectors=True)
-        out = {}
-        for p in points:
-            item = _stored(p)
-            out[item.id] = (item, {k: np.asarray(v, dtype=np.float32)
-                                   for k, v in (p.vector or {}).items()})  # type: ignore[union-attr]
-        return out
+            return list(self.client.retrieve(collection, ids=[point_id(i) for i in ids],
+                                             with_payload=True, with_vectors=True))
 
     def close(self) -> None:
         self.client.close()
@@ -349,6 +348,10 @@ def _stored(point: models.Record) -> Stored:
                   dict(payload.get("origin") or {}), dict(payload.get("payload") or {}),
                   tuple(payload.get("kinds") or ()), payload.get("version"),
                   dict(payload.get("made") or {}) or None)
+
+
+def _vectors_of(point: Any) -> dict[str, np.ndarray]:
+    return {k: np.asarray(v, dtype=np.float32) for k, v in (point.vector or {}).items()}
 
 
 def _hit(point: models.ScoredPoint) -> Hit:
