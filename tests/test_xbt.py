@@ -228,10 +228,10 @@ def test_adapters_off_give_the_off_the_shelf_model_exactly() -> None:
 def test_stage2_trains_only_adapters_prompts_and_phi_layer_norms(bases, world) -> None:
     cfg = XbtConfig(**{**TINY, "steps": 2})
     p = prepare(bases["v1"], bases["new"], CORPUS, world, cfg, show_progress=False)
-    phi = Projector(48, 32)
+    phi = Projector(48, 32).to(p.device)  # stage 1 leaves it on the model's device
     mine = set(p.adapters.named_parameters())
     base_before = {k: v.clone() for k, v in p.model.state_dict().items() if k not in mine}
-    phi_before = {k: v.clone() for k, v in phi.state_dict().items()}
+    phi_before = {k: v.cpu().clone() for k, v in phi.state_dict().items()}
     groups = stage2_groups(p.adapters, phi, cfg, train_phi="layer_norms")
     assert [g["lr"] for g in groups] == [1e-4, 1e-4, 1e-2]
     assert groups[2]["params"] == [p.model.visual.soft_prompts.tokens]
@@ -242,7 +242,7 @@ def test_stage2_trains_only_adapters_prompts_and_phi_layer_norms(bases, world) -
     assert {n for n, q in phi.named_parameters() if q.requires_grad} == {
         "ln1.weight", "ln1.bias", "ln2.weight", "ln2.bias"}
     train_stage2(p.adapters, phi, p.pairs, cfg, show_progress=False)
-    after = phi.state_dict()
+    after = {k: v.cpu() for k, v in phi.state_dict().items()}  # trained on p.device
     assert all(torch.equal(phi_before[k], after[k]) for k in phi_before if k.startswith("fc"))
     assert not torch.equal(phi_before["ln1.weight"], after["ln1.weight"])
     state = p.model.state_dict()
@@ -294,25 +294,25 @@ def test_pair_anchor_term_is_direct_loss_on_cached_old_pair_embeddings(bases, wo
     p = prepare(bases["v1"], bases["new"], CORPUS, world, cfg, show_progress=False)
     _, anchors = cache_text(p, cfg, show_progress=False)
     assert anchors.corpus is None and anchors.pairs is not None
-    old = load_encoder(bases["v1"], device="cpu")
+    old = load_encoder(bases["v1"], device=p.device)  # the device the anchors were made on
     want_images = old.encode_image_tensors(p.pairs.pixels)
     want_texts = old.encode_texts(p.pairs.captions)
     assert anchors.pairs.images.shape == (len(p.pairs.pixels), 32)
-    assert torch.allclose(anchors.pairs.images, torch.from_numpy(want_images), atol=1e-5)
-    assert torch.allclose(anchors.pairs.texts, torch.from_numpy(want_texts), atol=1e-5)
-    phi = Projector(48, 32).eval()
+    assert torch.allclose(anchors.pairs.images.cpu(), torch.from_numpy(want_images), atol=1e-5)
+    assert torch.allclose(anchors.pairs.texts.cpu(), torch.from_numpy(want_texts), atol=1e-5)
+    phi = Projector(48, 32).to(p.device).eval()  # on the model's device, as stage 1 leaves it
     p.model.eval()
     task = XbtTask(p.model, phi, p.pairs, cfg, anchors)
     images, captions = torch.tensor([0, 2, 4]), torch.tensor([0, 10, 20])
     with torch.no_grad():
         losses = task.losses((images, captions))
-        v = to_old_space(phi, p.model.encode_image(p.pairs.pixels[images].float()))
-        w = to_old_space(phi, p.model.encode_text(p.pairs.tokens[captions]))
+        v = to_old_space(phi, p.model.encode_image(p.pairs.pixels[images].float().to(p.device)))
+        w = to_old_space(phi, p.model.encode_text(p.pairs.tokens[captions].to(p.device)))
         scale = cfg.logit_scale
-        by_hand = 0.5 * (clip_loss(v, torch.from_numpy(want_texts[[0, 10, 20]]), scale)
-                         + clip_loss(torch.from_numpy(want_images[[0, 2, 4]]), w, scale))
+        by_hand = 0.5 * (clip_loss(v.cpu(), torch.from_numpy(want_texts[[0, 10, 20]]), scale)
+                         + clip_loss(torch.from_numpy(want_images[[0, 2, 4]]), w.cpu(), scale))
     assert set(losses) == {"xbt_loss", "pair_anchor_loss"}
-    assert torch.allclose(losses["pair_anchor_loss"], by_hand, atol=1e-5)
+    assert torch.allclose(losses["pair_anchor_loss"].cpu(), by_hand, atol=1e-5)
 
 
 @pytest.mark.parametrize("init", ["random", "procrustes"])
@@ -368,7 +368,7 @@ def test_direct_baseline_trains_all_of_a_random_phi(bases, world, tmp_path,
     real = direct_training.train_direct
 
     def spy(adapters, phi, *args, **kwargs):
-        seen["fc1"] = phi.fc1.weight.detach().clone()
+        seen["fc1"] = phi.fc1.weight.detach().cpu().clone()  # trained on CUDA if present
         result = real(adapters, phi, *args, **kwargs)
         seen["trained"] = {n for n, q in phi.named_parameters() if q.requires_grad}
         return result
