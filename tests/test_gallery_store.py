@@ -243,6 +243,53 @@ def test_an_edge_store_opened_after_a_crash_mid_swap_has_every_write(tmp_path) -
     again.close()
 
 
+def test_an_edge_index_swap_names_its_generation_and_a_crash_either_side_keeps_every_write(
+        tmp_path) -> None:
+    """An index build moves its copy to ROOT/indexed/NAME/N, brings it up to date, rewrites
+    the catalog to name it, then switches the handle (searches never wait for a load). A
+    crash before the rewrite leaves the catalog naming the old shard (the unnamed new
+    generation is removed at open); a crash after it leaves the old directory unnamed
+    (removed at open). Either way every write is there."""
+    import json
+    import shutil
+
+    from service.state.gallery.edge import EdgeClient
+
+    eye = np.eye(16, dtype=np.float32)
+    store = GalleryStore(EdgeClient(tmp_path, indexer=False), serialise=True)
+    store.create("g", 16)
+    store.upsert("g", [Item(f"i{n}", {"image": eye[n]}) for n in range(8)], "v", "s")
+    collection = store.collection_of("g")
+    store.client.optimize(collection)
+    first = tmp_path / "indexed" / collection / "1"
+    catalog = json.loads((tmp_path / "catalog.json").read_text())
+    assert catalog["paths"] == {collection: f"indexed/{collection}/1"} and first.is_dir()
+    assert not (tmp_path / "collections" / collection).exists()  # the replaced shard
+    store.upsert("g", [Item(f"i{n}", {"image": eye[n]}) for n in range(8, 12)], "v", "s")
+    assert store.search("g", eye[10], "image", 1)[0].id == "i10"  # written to the new one
+    store.close()
+
+    # after the rewrite, before the old directory was removed
+    shutil.copytree(first, tmp_path / "collections" / collection)
+    # before the rewrite: a newer generation the catalog does not name, a copy in progress
+    shutil.copytree(first, tmp_path / "indexed" / collection / "2")
+    (tmp_path / "building" / collection).mkdir(parents=True)
+    again = GalleryStore(EdgeClient(tmp_path, indexer=False), serialise=True)
+    assert again.count("g") == 12 and again.search("g", eye[11], "image", 1)[0].id == "i11"
+    assert sorted(p.name for p in (tmp_path / "indexed" / collection).iterdir()) == ["1"]
+    assert not (tmp_path / "collections" / collection).exists()
+    assert not (tmp_path / "building").exists()
+    again.client.optimize(collection)  # the next generation replaces the first
+    assert sorted(p.name for p in (tmp_path / "indexed" / collection).iterdir()) == ["2"]
+    again.delete("g", ["i0"])
+    again.close()
+    last = GalleryStore(EdgeClient(tmp_path, indexer=False), serialise=True)
+    assert last.count("g") == 11 and last.search("g", eye[3], "image", 1)[0].id == "i3"
+    assert last.drop("g")  # a dropped collection leaves no generation behind
+    assert not (tmp_path / "indexed" / collection).exists()
+    last.close()
+
+
 def test_the_edge_default_refuses_a_local_mode_directory_until_it_is_moved(tmp_path) -> None:
     """With the default engine and local-mode data in DATA_DIR/qdrant, the gateway's store
     does not open empty: it names the move command; ``store move`` copies every point and

@@ -18,12 +18,15 @@ shard, so the index is built off this process on a copy (``optimize``): writers 
 while the flushed shard is copied (searches go on), a child process at a lower CPU
 priority loads the copy and indexes it, the writes made meanwhile (applied to the serving
 shard as usual and kept in a journal) are replayed into it, and it replaces the serving
-shard (closed, renamed aside, the copy renamed in, loaded: searches of that collection
-wait for the load only). A crash at any point leaves either the old shard (with every
-acknowledged write) or the new one (with every write, replayed before the rename): at open
-a shard renamed aside whose place is empty is put back, and leftovers are removed. The
-indexer runs this once a collection has had ``quiet_s`` seconds without writes and
-``index_after`` points changed since the last run (a bulk load, a backfill's end).
+shard: the copy moves to a new generation directory (``ROOT/indexed/NAME/N``), is loaded
+and brought up to date while the old shard still serves, the catalog is rewritten to name
+it, and the collection's handle is switched under its lock (searches never wait for a
+load). A crash at any point leaves the catalog naming either the old shard (with every
+acknowledged write: writers wait from the replay to the switch) or the new one (with every
+write, replayed and flushed before the catalog names it); at open the directories the
+catalog does not name are removed. The indexer runs this once a collection has had
+``quiet_s`` seconds without writes and ``index_after`` points changed since the last run
+(a bulk load, a backfill's end).
 
 One process per directory (a lock file, like local mode's): a second opener gets a clear
 error instead of two writers on one shard.
@@ -61,8 +64,10 @@ CATALOG = "catalog.json"
 # reads, the backfill's made.by, the migration view's made.via). A count on a key without
 # one scans every point holding the interpreter lock (41 ms at 20,000 points, measured).
 INDEXED = ("item_id", "made.by", "made.via")
-BUILDING, RETIRED = "building", "retired"  # ROOT/building/NAME: a copy being indexed;
-# ROOT/retired/NAME: a shard replaced by its indexed copy, removed once the copy is in place
+BUILDING, INDEXED_DIR = "building", "indexed"  # ROOT/building/NAME: a copy being indexed;
+# ROOT/indexed/NAME/N: the Nth indexed generation of NAME (the catalog's "paths" name the one
+# that serves; a collection never indexed off the process serves from ROOT/collections/NAME)
+RETIRED = "retired"  # where the swap of an earlier version put a replaced shard aside
 # The child process that indexes a copy (only Edge imported: it starts in a moment).
 INDEX_CHILD = ("import os, sys, qdrant_edge as e\n"
                "os.nice(10)\n"  # a lower priority than the searches it runs beside
@@ -93,6 +98,7 @@ class _Point:
 class _Collection:
     shard: Any  # edge.EdgeShard
     sizes: dict[str, int]
+    path: Path  # the shard's directory
     changed: int = 0  # points written since the last optimize
     last_write: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)  # the shard handle
@@ -139,17 +145,26 @@ class EdgeClient:
         catalog = self._read_catalog()
         self._aliases: dict[str, str] = dict(catalog.get("aliases", {}))
         self._open: dict[str, _Collection] = {}
+        paths = catalog.get("paths", {})
         for name, sizes in catalog.get("collections", {}).items():
+            path = self.root / paths[name] if name in paths else self._dir(name)
             retired = self.root / RETIRED / name
-            if retired.exists() and not self._dir(name).exists():  # a crash mid-swap
-                os.rename(retired, self._dir(name))
-            shard = edge.EdgeShard.load(str(self._dir(name)))
+            if retired.exists() and not path.exists():  # an earlier version's crash mid-swap
+                os.rename(retired, path)
+            shard = edge.EdgeShard.load(str(path))
             _indexed(shard)  # a collection made before an index was added gets it now
-            self._open[name] = _Collection(shard, dict(sizes))
-        for stray in (self.root / "collections").iterdir():  # an interrupted create or drop
-            if stray.name not in self._open:
+            self._open[name] = _Collection(shard, dict(sizes), path)
+        serving = {c.path for c in self._open.values()}
+        # what the catalog does not name: an interrupted create or drop, a generation an
+        # interrupted build made or one it replaced, an unfinished copy
+        for stray in [*(self.root / "collections").iterdir(),
+                      *(self.root / INDEXED_DIR).glob("*/*")]:
+            if stray not in serving:
                 shutil.rmtree(stray, ignore_errors=True)
-        for leftover in (BUILDING, RETIRED):  # an interrupted index build
+        for folder in (self.root / INDEXED_DIR).glob("*"):
+            if not any(folder.iterdir()):
+                folder.rmdir()
+        for leftover in (BUILDING, RETIRED):
             shutil.rmtree(self.root / leftover, ignore_errors=True)
         self._closed = threading.Event()
         self._indexer = threading.Thread(target=self._index_loop, name="edge-indexer",
@@ -172,7 +187,9 @@ class EdgeClient:
 
     def _write_catalog(self) -> None:
         data = {"collections": {n: c.sizes for n, c in self._open.items()},
-                "aliases": self._aliases}
+                "aliases": self._aliases,
+                "paths": {n: c.path.relative_to(self.root).as_posix()
+                          for n, c in self._open.items() if c.path != self._dir(n)}}
         tmp = self.root / f"{CATALOG}.tmp"
         with open(tmp, "w") as f:
             json.dump(data, f, indent=1, sort_keys=True)
@@ -219,9 +236,10 @@ class EdgeClient:
                 raise ValueError(f"Collection {name} already exists")
             path = self._dir(name)
             shutil.rmtree(path, ignore_errors=True)
+            shutil.rmtree(self.root / INDEXED_DIR / name, ignore_errors=True)
             shard = edge.EdgeShard.create(str(path), config)
             _indexed(shard)
-            self._open[name] = _Collection(shard, sizes)
+            self._open[name] = _Collection(shard, sizes, path)
             self._write_catalog()
         return True
 
@@ -234,7 +252,8 @@ class EdgeClient:
             self._write_catalog()
         with gone.lock:
             gone.shard.close()
-        shutil.rmtree(self._dir(name), ignore_errors=True)
+        shutil.rmtree(gone.path, ignore_errors=True)
+        shutil.rmtree(self.root / INDEXED_DIR / name, ignore_errors=True)
         return True
 
     def get_collection(self, name: str) -> Any:
@@ -358,15 +377,17 @@ class EdgeClient:
             return self._build_off_process(name, c)
 
     def _build_off_process(self, name: str, c: _Collection) -> bool:
-        live, copy, aside = (self._dir(name), self.root / BUILDING / name,
-                             self.root / RETIRED / name)
+        copy = self.root / BUILDING / name
+        generations = self.root / INDEXED_DIR / name
+        done = [int(p.name) for p in generations.glob("*") if p.name.isdigit()]
+        target = generations / str(max(done, default=0) + 1)
         shutil.rmtree(copy, ignore_errors=True)
         copy.parent.mkdir(exist_ok=True)
         began = time.monotonic()
         with c.writes:  # no write while the shard is copied; searches go on
             with c.lock:
                 c.shard.flush()
-            shutil.copytree(live, copy)
+            shutil.copytree(c.path, copy)
             c.journal, c.changed = [], 0
         try:
             if self._closed.is_set():
@@ -382,29 +403,30 @@ class EdgeClient:
                                    f"(exit {self._child.returncode}): {err.strip()[-500:]}")
             indexed = out.strip().endswith("1")
             built = time.monotonic()
-            with c.writes:
+            with c.writes:  # writers wait from here to the switch; searches go on
                 with self._meta:
                     if self._open.get(name) is not c:  # dropped meanwhile: nothing to swap
                         raise InterruptedError(f"{name} was dropped")
                 journal, c.journal = c.journal or [], None
-                fresh = edge.EdgeShard.load(str(copy))  # every write made meanwhile, in it
-                for op in journal:  # before it takes the live shard's place
-                    fresh.update(op)
-                fresh.flush()
-                fresh.close()
-                aside.parent.mkdir(exist_ok=True)
-                with c.lock:  # searches of this collection wait from here to the load
-                    c.shard.close()
-                    os.rename(live, aside)
-                    os.rename(copy, live)
-                    try:
-                        c.shard = edge.EdgeShard.load(str(live))
-                    except BaseException:  # the old shard, with every write, serves again
-                        os.rename(live, copy)
-                        os.rename(aside, live)
-                        c.shard = edge.EdgeShard.load(str(live))
-                        raise
-            shutil.rmtree(aside, ignore_errors=True)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.rename(copy, target)
+                fresh = None
+                try:
+                    fresh = edge.EdgeShard.load(str(target))
+                    for op in journal:  # every write made meanwhile, before it serves
+                        fresh.update(op)
+                    fresh.flush()
+                    old_path = c.path
+                    self._name_path(name, c, target)  # from here a reopen loads ``target``
+                except BaseException:
+                    if fresh is not None:
+                        fresh.close()
+                    shutil.rmtree(target, ignore_errors=True)
+                    raise
+                with c.lock:  # searches of this collection wait for this assignment only
+                    old, c.shard = c.shard, fresh
+            old.close()
+            shutil.rmtree(old_path, ignore_errors=True)
             log.info("indexed %s off the process in %.1f s (copy and index %.1f s, %d writes "
                      "replayed, swap %.2f s)", name, time.monotonic() - began, built - began,
                      len(journal), time.monotonic() - built)
@@ -416,6 +438,23 @@ class EdgeClient:
             raise
         finally:
             self._child = None
+
+    def _name_path(self, name: str, c: _Collection, path: Path) -> None:
+        """Make ``path`` ``name``'s shard directory, in the catalog on disk too; on a failed
+        write it stays the old one (the catalog is rewritten naming it)."""
+        with self._meta:
+            if self._open.get(name) is not c:
+                raise InterruptedError(f"{name} was dropped")
+            before, c.path = c.path, path
+            try:
+                self._write_catalog()
+            except BaseException:
+                c.path = before
+                try:
+                    self._write_catalog()
+                except OSError:
+                    log.exception("the catalog of %s could not be rewritten", self.root)
+                raise
 
     def indexed(self, collection_name: str) -> dict[str, int]:
         """``{"points", "indexed_vectors", "segments"}`` of one collection."""
