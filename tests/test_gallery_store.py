@@ -290,6 +290,46 @@ def test_an_edge_index_swap_names_its_generation_and_a_crash_either_side_keeps_e
     last.close()
 
 
+def test_an_edge_shard_handle_is_shared_by_calls_and_replaced_only_when_none_uses_it(
+        ) -> None:
+    """Searches and the writer use a shard at once (Edge locks inside); closing or swapping
+    it waits for the calls in flight and holds new ones off until it is done."""
+    import time
+
+    from service.state.gallery.edge import _HandleLock
+
+    lock, events = _HandleLock(), []
+    inside = threading.Barrier(3, timeout=10)
+
+    def call(name: str) -> None:
+        with lock.shared():
+            inside.wait()  # both calls are inside together, or this times out
+            time.sleep(0.05)
+            events.append(f"{name} done")
+
+    calls = [threading.Thread(target=call, args=(n,)) for n in ("search", "write")]
+    for t in calls:
+        t.start()
+    inside.wait()
+
+    def swap() -> None:
+        with lock.exclusive():
+            events.append("swap")
+            time.sleep(0.05)
+        events.append("swapped")
+
+    swapper = threading.Thread(target=swap)
+    swapper.start()
+    time.sleep(0.01)
+    late = threading.Thread(target=lambda: (lock.shared().__enter__(), events.append("late")))
+    late.start()
+    for t in (*calls, swapper, late):
+        t.join(10)
+    assert events[:3] in (["search done", "write done", "swap"], ["write done", "search done",
+                                                                   "swap"])
+    assert events.index("late") > events.index("swap")  # held off until the swap ended
+
+
 def test_the_edge_default_refuses_a_local_mode_directory_until_it_is_moved(tmp_path) -> None:
     """With the default engine and local-mode data in DATA_DIR/qdrant, the gateway's store
     does not open empty: it names the move command; ``store move`` copies every point and

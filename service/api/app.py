@@ -33,6 +33,7 @@ from service.api.routes import (
 )
 from service.api.schemas.errors import ANY, API, BODY, error_responses
 from service.api.schemas.search import state_top_k_max
+from service.runtime import heap
 from service.runtime.gateway import open_gateway
 from service.runtime.metrics import Metrics
 from service.runtime.serving import EncoderLoader, Runtime
@@ -68,6 +69,7 @@ def create_app(settings: Settings | None = None, load: EncoderLoader | None = No
         gateway = open_gateway(settings, metrics, load)
         app.state.gateway = gateway
         await _first_refresh(gateway.runtime)
+        heap.settle(collect=True)  # what startup loaded: out of the collector's walks
         loops = []
         if settings.registry_poll_interval_s > 0:
             loops.append(asyncio.create_task(watch_registry(gateway.runtime,
@@ -82,6 +84,7 @@ def create_app(settings: Settings | None = None, load: EncoderLoader | None = No
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             gateway.close()
+            heap.release()
 
     app = FastAPI(title="nobackfill gateway", version=training.__version__, lifespan=lifespan,
                   description="Search galleries across model upgrades without re-embedding.")

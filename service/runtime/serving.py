@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
 
+from service.runtime import heap
 from service.runtime.embedder import Batching, Embedder
 from service.runtime.metrics import Metrics
 from service.state.errors import (
@@ -129,6 +130,7 @@ class Runtime:
         embedder = self._embedders.pop(key, None)
         if embedder is None:
             embedder = await asyncio.to_thread(self._build, record, space)
+            heap.settle()  # the model just loaded: out of the collector's walks
         self._embedders[key] = embedder  # now the most recently used
         return embedder
 

@@ -457,6 +457,12 @@ def _rounds(job: Job) -> int:
     return sum(1 for s in job.shards[first:] if s.get("task", "backfill") == "backfill")
 
 
+# What a reconcile reads of every point of both sides (the missing ones are then read
+# whole): a scan converts each payload it reads, holding the interpreter lock while
+# searches wait, so it reads the keys only.
+RECONCILED = ("item_id", "etag", "made")
+
+
 def _locked_reconcile(gateway: GatewayPort, gallery: str, m: Migration,
                       job: Job) -> list[dict[str, Any]]:
     with gallery_lock(gateway.settings, gallery):
@@ -470,8 +476,8 @@ def _reconcile(gateway: GatewayPort, m: Migration, job: Job, skip_unreadable: bo
     ``transformed_missing``, also those it holds only transformed (still to re-embed);
     with ``skip_unreadable``, not those a worker could not read (they wait for the
     operator)."""
-    source = gateway.store.stored(m.source.collection)
-    target = gateway.store.stored(m.target.collection)
+    source = gateway.store.stored(m.source.collection, fields=RECONCILED)
+    target = gateway.store.stored(m.target.collection, fields=RECONCILED)
     extra = [i for i in target if i not in source]
     if extra:
         gateway.store.delete(m.target.collection, extra)
@@ -479,8 +485,9 @@ def _reconcile(gateway: GatewayPort, m: Migration, job: Job, skip_unreadable: bo
                   else set())
     have = {i for i, t in target.items()
             if not (transformed_missing and (t.made or {}).get("by") == "transform")}
-    return [_backfill_item(s) for i, s in sorted(source.items())
-            if i not in have and i not in unreadable]
+    missing = [i for i in sorted(source) if i not in have and i not in unreadable]
+    whole = gateway.store.stored(m.source.collection, missing) if missing else {}
+    return [_backfill_item(whole[i]) for i in missing if i in whole]
 
 
 async def abort(gateway: GatewayPort, gallery: str, job_id: str) -> None:

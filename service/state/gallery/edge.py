@@ -34,6 +34,7 @@ error instead of two writers on one shard.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
@@ -43,7 +44,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,9 +56,11 @@ from qdrant_client import models
 log = logging.getLogger(__name__)
 
 # Points per call into a shard: Edge's calls give up the interpreter lock as they convert
-# (a thread waiting for it takes it meanwhile), so one call over thousands of points held
-# a shard's lock for hundreds of ms while searches of that shard waited (measured: 805 ms
-# for a retrieve of 2,048 beside a busy thread, 25 ms alone); larger batches are split.
+# (a thread waiting for it takes it meanwhile), so one call over thousands of points ran
+# for hundreds of ms beside a busy thread (measured: 805 ms for a retrieve of 2,048, 25 ms
+# alone); larger batches are split. Calls share a shard (``_HandleLock``): a search does
+# not wait for a write (3 searching threads beside one writing 256-point batches, no lock:
+# p99 37 ms; taking turns, each search waits for a whole batch).
 CALL_POINTS = 256
 CATALOG = "catalog.json"
 # Keyword indexes of every collection: what the store filters and counts on (the etag
@@ -84,6 +87,47 @@ class EngineBusy(RuntimeError):
     """Another process holds the directory."""
 
 
+class _HandleLock:
+    """Who may use a shard handle: calls share it (searches, reads and the one writer at
+    once: Edge locks inside, measured safe and 2-3x kinder to a search's p99 beside a
+    writer than taking turns), closing or replacing it waits for them all (and holds new
+    ones off: it is never starved)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._users = 0
+        self._closing = False
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            while self._closing:
+                self._cond.wait()
+            self._users += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._users -= 1
+                if not self._users:
+                    self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            while self._closing:
+                self._cond.wait()
+            self._closing = True
+            while self._users:
+                self._cond.wait()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._closing = False
+                self._cond.notify_all()
+
+
 @dataclass
 class _Point:
     """What ``GalleryStore`` reads of a record or a scored point."""
@@ -101,7 +145,7 @@ class _Collection:
     path: Path  # the shard's directory
     changed: int = 0  # points written since the last optimize
     last_write: float = 0.0
-    lock: threading.Lock = field(default_factory=threading.Lock)  # the shard handle
+    lock: _HandleLock = field(default_factory=lambda: _HandleLock())  # the shard handle
     writes: threading.Lock = field(default_factory=threading.Lock)  # taken before ``lock``
     # by writers, and by an index build while it copies the shard and swaps it in
     journal: list[Any] | None = None  # the writes made while a copy is being indexed
@@ -250,7 +294,7 @@ class EdgeClient:
                 return False
             self._aliases = {a: c for a, c in self._aliases.items() if c != name}
             self._write_catalog()
-        with gone.lock:
+        with gone.lock.exclusive():
             gone.shard.close()
         shutil.rmtree(gone.path, ignore_errors=True)
         shutil.rmtree(self.root / INDEXED_DIR / name, ignore_errors=True)
@@ -305,7 +349,7 @@ class EdgeClient:
 
     @staticmethod
     def _write(c: _Collection, op: Any, points: int) -> None:
-        with c.writes, c.lock:
+        with c.writes, c.lock.shared():
             c.shard.update(op)
             if c.journal is not None:
                 c.journal.append(op)
@@ -315,7 +359,7 @@ class EdgeClient:
     def count(self, collection_name: str, count_filter: models.Filter | None = None,
               exact: bool = True) -> Any:
         c = self._collection(collection_name)
-        with c.lock:
+        with c.lock.shared():
             n = c.shard.count(edge.CountRequest(exact=True, filter=_filter(count_filter)))
         return models.CountResult(count=int(n))
 
@@ -327,7 +371,7 @@ class EdgeClient:
             with_payload=bool(r.with_payload), filter=_filter(r.filter),
             params=None if self.search_ef is None else edge.SearchParams(hnsw_ef=self.search_ef))
             for r in requests])
-        with c.lock:
+        with c.lock.shared():
             found = c.shard.query_batch(batch)
         return [_Response([_Point(str(p.id), p.payload, None, float(p.score)) for p in points])
                 for points in found]
@@ -340,7 +384,7 @@ class EdgeClient:
                                      limit=min(limit, CALL_POINTS),  # the rest: next page
                                      with_payload=_payload(with_payload),
                                      with_vector=bool(with_vectors))
-        with c.lock:
+        with c.lock.shared():
             records, after = c.shard.scroll(request)
         return ([_record(r) for r in records], None if after is None else str(after))
 
@@ -351,7 +395,7 @@ class EdgeClient:
         keys = [str(i) for i in ids]
         found = []
         for start in range(0, len(keys), CALL_POINTS):
-            with c.lock:
+            with c.lock.shared():
                 found += c.shard.retrieve(keys[start:start + CALL_POINTS],
                                           with_payload=_payload(with_payload),
                                           with_vector=bool(with_vectors))
@@ -370,7 +414,7 @@ class EdgeClient:
             name = self._aliases.get(collection_name, collection_name)
         c = self._collection(name)
         if not off_process:
-            with c.writes, c.lock:
+            with c.writes, c.lock.exclusive():
                 c.changed = 0
                 return bool(c.shard.optimize())
         with self._build:
@@ -385,7 +429,7 @@ class EdgeClient:
         copy.parent.mkdir(exist_ok=True)
         began = time.monotonic()
         with c.writes:  # no write while the shard is copied; searches go on
-            with c.lock:
+            with c.lock.shared():
                 c.shard.flush()
             shutil.copytree(c.path, copy)
             c.journal, c.changed = [], 0
@@ -423,7 +467,7 @@ class EdgeClient:
                         fresh.close()
                     shutil.rmtree(target, ignore_errors=True)
                     raise
-                with c.lock:  # searches of this collection wait for this assignment only
+                with c.lock.exclusive():  # searches in flight finish on the old one
                     old, c.shard = c.shard, fresh
             old.close()
             shutil.rmtree(old_path, ignore_errors=True)
@@ -459,7 +503,7 @@ class EdgeClient:
     def indexed(self, collection_name: str) -> dict[str, int]:
         """``{"points", "indexed_vectors", "segments"}`` of one collection."""
         c = self._collection(collection_name)
-        with c.lock:
+        with c.lock.shared():
             info = c.shard.info()
         return {"points": int(info.points_count),
                 "indexed_vectors": int(info.indexed_vectors_count),
@@ -490,7 +534,7 @@ class EdgeClient:
         with self._meta:
             open_ = list(self._open.values())
         for c in open_:
-            with c.lock:
+            with c.lock.shared():
                 c.shard.flush()
 
     def close(self) -> None:
@@ -504,7 +548,7 @@ class EdgeClient:
             self._indexer.join()
         with self._meta:
             for c in self._open.values():
-                with c.lock:
+                with c.lock.exclusive():
                     c.shard.close()
             self._open = {}
         fcntl.flock(self._lock_file, fcntl.LOCK_UN)

@@ -252,19 +252,22 @@ class GalleryStore:
         return out
 
     def stored(self, collection: str, ids: Sequence[str] | None = None,
-               page: int = 1000) -> dict[str, Stored]:
-        """Item id -> ``Stored`` (no vectors), of ``ids`` or of every item."""
+               page: int = 1000, fields: Sequence[str] | None = None) -> dict[str, Stored]:
+        """Item id -> ``Stored`` (no vectors), of ``ids`` or of every item; with ``fields``
+        (payload keys, ``item_id`` among them) only those are read, the rest left empty (a
+        scan of every item converts a fraction of each payload)."""
+        selector: bool | list[str] = True if fields is None else list(fields)
         with self._call(collection):
             if ids is not None:
                 found = self.client.retrieve(collection, ids=[point_id(i) for i in ids],
-                                             with_payload=True, with_vectors=False)
+                                             with_payload=selector, with_vectors=False)
                 return {s.id: s for s in map(_stored, found)}
         out: dict[str, Stored] = {}
         offset = None
         while True:
             with self._call(collection):
                 batch, offset = self.client.scroll(collection, limit=page, offset=offset,
-                                                   with_payload=True, with_vectors=False)
+                                                   with_payload=selector, with_vectors=False)
             out.update((s.id, s) for s in map(_stored, batch))
             if offset is None:
                 return out
