@@ -130,7 +130,9 @@ class Runtime:
         embedder = self._embedders.pop(key, None)
         if embedder is None:
             embedder = await asyncio.to_thread(self._build, record, space)
-            heap.settle()  # the model just loaded: out of the collector's walks
+            # the model just loaded, out of the collector's walks; its loading's garbage
+            # freed first (a walk of what is not frozen yet: small after startup's)
+            heap.settle(collect=True)
         self._embedders[key] = embedder  # now the most recently used
         return embedder
 
