@@ -130,17 +130,18 @@ class Runtime:
         embedder = self._embedders.pop(key, None)
         if embedder is None:
             embedder = await asyncio.to_thread(self._build, record, space)
-            # the model just loaded, out of the collector's walks; its loading's garbage
-            # freed first (a walk of what is not frozen yet: small after startup's)
-            heap.settle(collect=True)
         self._embedders[key] = embedder  # now the most recently used
         return embedder
 
     def _build(self, record: VersionRecord, space: str) -> Embedder:
         artifact = self.registry.artifact(record.version_id)  # checksums verified
         route = str(artifact.routes[space].get("kind", "native"))
-        return Embedder(self._load(artifact, space), record.version_id, space, route, self.lane,
-                        self.batching, self._count_batch)
+        encoder = self._load(artifact, space)
+        # the model just loaded, out of the collector's walks (its loading's garbage freed
+        # first: a walk of what is not frozen yet), here off the event loop
+        heap.settle(collect=True)
+        return Embedder(encoder, record.version_id, space, route, self.lane, self.batching,
+                        self._count_batch)
 
     async def _serving(self, gallery: GalleryRecord,
                        versions: Mapping[str, VersionRecord]) -> Serving:

@@ -146,7 +146,7 @@ class _Collection:
     path: Path  # the shard's directory
     changed: int = 0  # points written since the last optimize
     last_write: float = 0.0
-    lock: _HandleLock = field(default_factory=lambda: _HandleLock())  # the shard handle
+    lock: _HandleLock = field(default_factory=_HandleLock)  # the shard handle
     writes: threading.Lock = field(default_factory=threading.Lock)  # taken before ``lock``
     # by writers, and by an index build while it copies the shard and swaps it in
     journal: list[Any] | None = None  # the writes made while a copy is being indexed
