@@ -272,6 +272,11 @@ class EdgeClient:
         config = edge.EdgeConfig(vectors={
             kind: edge.EdgeVectorParams(size=size, distance=edge.Distance.Dot)
             for kind, size in sizes.items()},
+            # Payloads in the page cache, warmed at load: a search returns its hits'
+            # payloads, and read from disk on first touch (Edge's default) the first
+            # searches after a load or an index swap ran at p50 1.82 ms against 0.99 ms
+            # once touched (100,000 points); cached, 0.78 ms and 0.72 ms.
+            payload_memory=edge.Memory.Cached,
             optimizers=edge.EdgeOptimizersConfig(indexing_threshold=self.indexing_threshold_kb,
                                                  default_segment_number=self.segments),
             hnsw_config=edge.HnswIndexConfig(
