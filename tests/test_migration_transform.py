@@ -184,7 +184,10 @@ def test_no_progressive_switch_when_the_side_never_beats_the_route(
             if proc.poll() is not None:
                 raise AssertionError("the worker exited")
             time.sleep(0.2)
-        assert set(states) <= {"backfilling"}
+        # Backfilling throughout: the end's switch (through the gate) is made just before
+        # the job is marked succeeded, so the last polls may already see it.
+        ended = states.index("switched") if "switched" in states else len(states)
+        assert set(states[:ended]) <= {"backfilling"} and set(states[ended:]) <= {"switched"}
         assert view["progress"]["switch_at"] is None
         assert view["progress"]["switched_at"] is None  # no progressive switch happened
         assert view["state"] == "switched" and view["result"]["switched_at_fraction"] == 1.0
