@@ -100,9 +100,7 @@ def test_an_edge_store_on_disk_keeps_every_write_side_and_alias_after_reopening(
     assert reopened.drop_collection(first) and not reopened.drop_collection(first)
     reopened.close()
     assert sorted(p.name for p in (tmp_path / "collections").iterdir()) == [side]
-    # Payloads are held in the page cache, warmed at load (a search returns its hits'
-    # payloads: read from disk on first touch, the first searches after a load or an index
-    # swap ran 1.8x slower at 100,000 points; docs/benchmarks/store.md).
+    # Payloads are held in the page cache, warmed at load (why: EdgeClient.create_collection).
     config = json.loads((tmp_path / "collections" / side / "edge_config.json").read_text())
     assert config["payload_memory"] == "cached"
 
