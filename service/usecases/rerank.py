@@ -52,7 +52,7 @@ from service.state.jobs.shards import record_filled
 from service.state.paths import Roots
 from service.usecases.media import DecodeBudget, decode_image
 from service.vectors.backfill import origin_of
-from service.vectors.sources import CAS, SourceStore
+from service.vectors.sources import SourceStore, origin_bytes
 from service.vectors.writer import Batch, DirectWriter
 
 log = logging.getLogger(__name__)
@@ -314,19 +314,13 @@ def _load_pixels(gateway: Gateway, embedder: Embedder, uris: list[str],
                  ) -> list[torch.Tensor | None]:
     settings, side = gateway.settings, embedder.image_side
     budget = DecodeBudget.of(settings)
+    sources, roots = SourceStore.of(settings), Roots.of(settings)  # once: roots resolve paths
     out: list[torch.Tensor | None] = []
     for uri in uris:
         try:
-            image = decode_image(_source_bytes(gateway, uri), settings.max_image_pixels,
+            image = decode_image(origin_bytes(uri, sources, roots), settings.max_image_pixels,
                                  settings.max_image_bytes, side, budget)
             out.append(embedder.pixels(image))
         except (OSError, ValueError, ServiceError):  # unreadable, undecodable, too large,
             out.append(None)  # no room in the budget: kept in place (not written)
     return out
-
-
-def _source_bytes(gateway: Gateway, uri: str) -> bytes:
-    if uri.startswith(CAS):
-        return SourceStore.of(gateway.settings).bytes_of(uri)
-    return Roots.of(gateway.settings).file(uri, "image source").read_bytes()
-

@@ -52,11 +52,15 @@ class SourceStore:
         return self._path(uri.removeprefix(CAS)).read_bytes()
 
 
+def origin_bytes(uri: str, sources: SourceStore, roots: Roots) -> bytes:
+    """The bytes of the image an origin names: kept by the service, or a file under a root
+    (OSError or InvalidInput when it cannot be read)."""
+    if uri.startswith(CAS):
+        return sources.bytes_of(uri)
+    return roots.file(uri, "image source").read_bytes()
+
+
 def open_origin_image(uri: str, sources: SourceStore, roots: Roots) -> Image.Image:
     """The image an origin names, decoded (OSError or InvalidInput when it cannot be)."""
-    if uri.startswith(CAS):
-        data = sources.bytes_of(uri)
-    else:
-        data = roots.file(uri, "image source").read_bytes()
-    with Image.open(io.BytesIO(data)) as image:
+    with Image.open(io.BytesIO(origin_bytes(uri, sources, roots))) as image:
         return image.convert("RGB")
