@@ -209,3 +209,45 @@ def test_one_forward_gives_the_routes_vector_and_the_towers_own(micro_spec) -> N
     lora = Encoder(model, tokenizer, "cpu", text_head=head, image_head=head)  # towers changed
     assert not Embedder(lora, "v2", "v1", "projector", lane, batching).shares_towers(native_e)
     lane.shutdown()
+
+
+def test_pixels_of_many_images_equal_each_images_own(micro_spec) -> None:
+    """``Embedder.pixels_many`` (the rerank fill's preprocessing: the tensor steps once for
+    the stacked images) gives exactly ``pixels`` of each image, whatever their sizes and
+    modes; a preprocess of another shape falls back to ``pixels`` one by one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from PIL import Image
+    from torchvision import transforms
+
+    from service.runtime.embedder import Batching, Embedder
+
+    encoder = Encoder(create_model(micro_spec), create_tokenizer(micro_spec), "cpu")
+    lane = ThreadPoolExecutor(1)
+    embedder = Embedder(encoder, "v1", "v1", "native", lane, Batching(8, 0.001))
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+              for h, w in ((32, 32), (50, 41), (17, 90), (200, 120))]
+    images += [images[1].convert("L"), images[2].convert("RGBA"), images[3].convert("P")]
+    one_by_one = embedder.pixels
+    calls = []
+    embedder.pixels = lambda image: calls.append(image) or one_by_one(image)  # type: ignore
+    many = embedder.pixels_many(images)
+    assert calls == []  # the batched path ran
+    assert len(many) == len(images)
+    for image, pixels in zip(images, many, strict=True):
+        assert torch.equal(pixels, one_by_one(image))
+    assert embedder.pixels_many([]) == []
+    steps = encoder.preprocess.transforms
+    normalize = next(t for t in steps if isinstance(t, transforms.Normalize))
+    for other in ([transforms.Resize(24), transforms.ToTensor(), normalize],  # sizes differ
+                  [transforms.Lambda(np.array), transforms.ToTensor(), normalize]):
+        encoder.preprocess = transforms.Compose(other)
+        for image, pixels in zip(images, embedder.pixels_many(iter(images)), strict=True):
+            assert torch.equal(pixels, one_by_one(image))
+    assert calls == []
+    encoder.preprocess = transforms.Compose([*steps, transforms.Lambda(lambda x: x * 2)])
+    for image, pixels in zip(images, embedder.pixels_many(images), strict=True):
+        assert torch.equal(pixels, one_by_one(image))  # one by one: the same again
+    assert len(calls) == len(images)
+    lane.shutdown()

@@ -18,7 +18,8 @@ by the new model's ranking of the route's candidates.
 An item is embedded at most once at a time in a process (single flight, keyed by the new
 side and the item): a second search that needs it waits for the first one's embedding.
 The candidates a search must embed go together (``_fill``): their sources read and
-decoded in a thread per core, then every forward submitted in one event-loop turn, so
+decoded in a thread per core (each thread's images preprocessed as one stack,
+``Embedder.pixels_many``), then every forward submitted in one event-loop turn, so
 the dynamic batcher makes one batch of them (not one per arrival). A search uses a
 vector as soon as it is embedded; its write follows. An embedding that
 outlives its search's budget still finishes and is written, so the next search reads it.
@@ -37,12 +38,13 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
+from PIL import Image
 
 from service.runtime.embedder import Embedder
 from service.runtime.gateway import Gateway
@@ -315,12 +317,19 @@ def _load_pixels(gateway: Gateway, embedder: Embedder, uris: list[str],
     settings, side = gateway.settings, embedder.image_side
     budget = DecodeBudget.of(settings)
     sources, roots = SourceStore.of(settings), Roots.of(settings)  # once: roots resolve paths
-    out: list[torch.Tensor | None] = []
-    for uri in uris:
-        try:
-            image = decode_image(origin_bytes(uri, sources, roots), settings.max_image_pixels,
-                                 settings.max_image_bytes, side, budget)
-            out.append(embedder.pixels(image))
-        except (OSError, ValueError, ServiceError):  # unreadable, undecodable, too large,
-            out.append(None)  # no room in the budget: kept in place (not written)
-    return out
+    readable: list[bool] = []
+
+    def decoded() -> Iterator[Image.Image]:
+        for uri in uris:
+            try:
+                image = decode_image(origin_bytes(uri, sources, roots),
+                                     settings.max_image_pixels, settings.max_image_bytes,
+                                     side, budget)
+            except (OSError, ValueError, ServiceError):  # unreadable, undecodable, too
+                readable.append(False)  # large, no room in the budget: kept in place
+                continue
+            readable.append(True)
+            yield image
+
+    pixels = iter(embedder.pixels_many(decoded()))
+    return [next(pixels) if ok else None for ok in readable]
