@@ -38,6 +38,25 @@ def test_fingerprint_counts_per_version_and_changes_only_when_a_vector_does(
     assert {v: f["items"] for v, f in only.items()} == {"v1": 2, "v1.1": 1}
 
 
+def test_a_searchs_hits_carry_each_items_record_as_a_read_gives_it(embedded_store) -> None:
+    """A rerank takes the candidates' etags, origins and kinds from its search's hits (no
+    second read of the side): they must be what ``stored`` reads, on every engine."""
+    store = embedded_store
+    store.create("g", 8)
+    store.upsert("g", [Item(f"a{i}", {"image": unit(i), "text": unit(50 + i)},
+                            {"title": f"t{i}"}, {"image": f"/img/{i}.png"}, f"e{i}")
+                       for i in range(6)], "v1", "s")
+    store.upsert("g", [Item("a2", {"image": unit(2)}, {"title": "new"})], "v2", "s")
+    hits = store.search("g", unit(2), "image", 6)
+    assert [h.id for h in hits][0] == "a2" and len(hits) == 6
+    read = store.stored("g", [h.id for h in hits])
+    assert {h.id: h.stored for h in hits} == read
+    assert hits[0].stored.kinds == ("image",) and hits[0].stored.version == "v2"
+    assert {h.id: h.stored.etag for h in hits if h.id != "a2"} == {
+        f"a{i}": f"e{i}" for i in (0, 1, 3, 4, 5)}
+    assert all(h.payload == h.stored.payload for h in hits)
+
+
 def _written_rewritten_deleted(store: GalleryStore) -> str:
     """300 items written to 'g', one rewritten, one deleted; a side with one item: its name."""
     store.create("g", 8)

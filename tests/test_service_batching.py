@@ -71,6 +71,27 @@ def test_a_lone_item_waits_at_most_max_wait(lane) -> None:
     assert 0.045 <= elapsed < 1.0 and fn.batches == [[1]]
 
 
+def test_a_whole_group_waits_for_no_company(lane) -> None:
+    """A group (a rerank's candidates) starts at the end of its turn even when lone items
+    would wait long for company; a lone item already waiting goes with it; a group over
+    ``max_size`` goes as several batches, each caller's results in its order."""
+    fn = Recorder()
+
+    async def main() -> tuple[float, list[int], list[int], list[int]]:
+        batcher = MicroBatcher(fn, lane, max_size=4, max_wait_s=30.0)
+        t0 = time.perf_counter()
+        lone = asyncio.ensure_future(batcher.submit(9))
+        await asyncio.sleep(0)  # the lone item is waiting for company now
+        group = await batcher.submit_group([1, 2, 3])
+        elapsed = time.perf_counter() - t0
+        big = await batcher.submit_group([5, 6, 7, 8, 10, 11])
+        return elapsed, group, [await lone], big
+    elapsed, group, lone, big = run(main())
+    assert elapsed < 10.0  # not the 30 s a lone item waits
+    assert group == [2, 4, 6] and lone == [18] and big == [10, 12, 14, 16, 20, 22]
+    assert fn.batches == [[9, 1, 2, 3], [5, 6, 7, 8], [10, 11]]
+
+
 def test_items_arriving_during_a_forward_go_together_next(lane) -> None:
     fn = Recorder(delay_s=0.2)
 

@@ -44,16 +44,30 @@ class MicroBatcher(Generic[T, R]):
         self._schedule()
         return await future
 
-    def _schedule(self) -> None:
+    async def submit_group(self, items: Sequence[T]) -> list[R]:
+        """The batch function's result for each of ``items``: a group that is whole
+        already (one caller's batch), so it waits for no company. It starts at the end of
+        this event-loop turn (with whatever else was submitted in it), or, while a batch
+        runs, right after it; larger than ``max_size``, it goes as several batches."""
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[R]] = [loop.create_future() for _ in items]
+        self._pending.extend(zip(items, futures, strict=True))
+        self._schedule(now=True)
+        return list(await asyncio.gather(*futures))
+
+    def _schedule(self, now: bool = False) -> None:
         if self._running or not self._pending:
             return  # the running batch starts the next one when it finishes
         if len(self._pending) >= self.max_size:
             self._start()
+        elif now and self._timer is not None and self.max_wait_s > 0:
+            self._timer.cancel()  # a whole group is waiting: no reason to wait for more
+            self._timer = asyncio.get_running_loop().call_soon(self._on_timer)
         elif self._timer is None:
             loop = asyncio.get_running_loop()
             # No wait still waits for the end of this event-loop turn: callers woken
             # together (e.g. by one forward's results) then submit together.
-            self._timer = (loop.call_soon(self._on_timer) if self.max_wait_s <= 0
+            self._timer = (loop.call_soon(self._on_timer) if now or self.max_wait_s <= 0
                            else loop.call_later(self.max_wait_s, self._on_timer))
 
     def _on_timer(self) -> None:

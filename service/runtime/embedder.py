@@ -105,6 +105,15 @@ class Embedder:
         """[D] embedding of one preprocessed image, batched with concurrent ones."""
         return await self._images.submit(pixels)
 
+    async def embed_text_group(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """[D] embedding of each text of a group that is whole already (a rerank's
+        candidates): its forward starts without waiting for company."""
+        return await self._texts.submit_group(texts)
+
+    async def embed_pixels_group(self, pixels: Sequence[torch.Tensor]) -> list[np.ndarray]:
+        """``embed_text_group`` for preprocessed images."""
+        return await self._images.submit_group(pixels)
+
     def shares_towers(self, native: Embedder) -> bool:
         """Whether ``native``'s vectors are this embedder's towers' own outputs: the same
         version, ``native`` its native route and both on the version's unchanged towers

@@ -19,8 +19,8 @@ An item is embedded at most once at a time in a process (single flight, keyed by
 side and the item): a second search that needs it waits for the first one's embedding.
 The candidates a search must embed go together (``_fill``): their sources read and
 decoded in a thread per core (each thread's images preprocessed as one stack,
-``Embedder.pixels_many``), then every forward submitted in one event-loop turn, so
-the dynamic batcher makes one batch of them (not one per arrival). A search uses a
+``Embedder.pixels_many``), then submitted as one group: the dynamic batcher makes one
+batch of them (not one per arrival) and starts it without waiting for company. A search uses a
 vector as soon as it is embedded; its write follows. An embedding that
 outlives its search's budget still finishes and is written, so the next search reads it.
 The fills that finish together are written as one batch (``_written``: one lock, one
@@ -38,7 +38,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,7 +121,7 @@ async def rerank(gateway: Gateway, serving: Any, candidates: list[Hit], query_ne
     report = Reranked(k, budget_ms=budget)
     ids = [h.id for h in candidates]
     source, vectors = await asyncio.to_thread(
-        _read, gateway, serving.collection, other.collection, ids)
+        _read, gateway, serving.collection, other.collection, candidates)
     new = {item: vectors[item][kind] for item in ids if kind in vectors.get(item, {})}
     report.read = len(new)
     flights = _flights(gateway, serving, other, kind,
@@ -161,11 +161,16 @@ def ranked(candidates: list[Hit], scores: dict[str, float], version: str,
     return out
 
 
-def _read(gateway: Gateway, source: str, target: str, ids: list[str],
+def _read(gateway: Gateway, source: str, target: str, candidates: list[Hit],
           ) -> tuple[dict[str, Stored], dict[str, dict[str, np.ndarray]]]:
-    """The candidates on the source side (etags, origins), and the new vectors of those
-    the new side holds current (one read of each side)."""
-    stored_source = gateway.store.stored(source, ids)
+    """The candidates on the source side (etags, origins: as the search read them, a read
+    of that side only for a hit without its record), and the new vectors of those the new
+    side holds current (one read)."""
+    ids = [h.id for h in candidates]
+    stored_source = {h.id: h.stored for h in candidates if h.stored is not None}
+    if len(stored_source) < len(ids):
+        stored_source.update(gateway.store.stored(
+            source, [i for i in ids if i not in stored_source]))
     on_target = gateway.store.stored_vectors(target, ids)
     return stored_source, {i: vectors for i, (stored, vectors) in on_target.items()
                            if _current(stored_source.get(i), stored)}
@@ -245,11 +250,18 @@ async def _embedded(gateway: Gateway, embedder: Embedder, kind: str,
     items = [i for i, source in sources.items() if source]
     if kind == "image":
         pixels = await _pixels(gateway, embedder, [str(sources[i]) for i in items])
-        jobs = [(i, embedder.embed_pixels(p)) for i, p in zip(items, pixels) if p is not None]
+        ready: list[tuple[str, Any]] = [(i, p) for i, p in zip(items, pixels) if p is not None]
+        embed = embedder.embed_pixels_group
     else:
-        jobs = [(i, embedder.embed_text(str(sources[i]))) for i in items]
-    found = await asyncio.gather(*(_readable(c) for _, c in jobs))
-    return {i: np.asarray(v, np.float32) for (i, _), v in zip(jobs, found) if v is not None}
+        ready = [(i, str(sources[i])) for i in items]
+        embed = embedder.embed_text_group  # type: ignore[assignment]
+    if not ready:
+        return {}
+    try:
+        found = await embed([x for _, x in ready])
+    except (OSError, ValueError, InvalidInput):  # the group's forward failed: none of
+        return {}  # its items has a vector, each keeps its route place
+    return {i: np.asarray(v, np.float32) for (i, _), v in zip(ready, found, strict=True)}
 
 
 async def _written(gateway: Gateway, serving: Any, other: Any, stored: Stored,
@@ -287,13 +299,6 @@ def _write_fills(gateway: Gateway, serving: Any, other: Any,
     if applied.ids and serving.migration_job:  # the backfill skips them
         record_filled(gateway.jobs.work_dir(serving.migration_job), list(applied.ids))
     return set(applied.ids)
-
-
-async def _readable(coroutine: Coroutine[Any, Any, np.ndarray]) -> np.ndarray | None:
-    try:
-        return await coroutine
-    except (OSError, ValueError, InvalidInput):  # unreadable or undecodable: kept in place
-        return None
 
 
 async def _pixels(gateway: Gateway, embedder: Embedder, uris: list[str],

@@ -17,7 +17,7 @@ import threading
 import uuid
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -77,6 +77,9 @@ class Hit:
     payload: dict[str, Any]
     version: str  # the version that embedded this item
     space: str
+    # the item's record as the search read it (etag, origin, kinds): a rerank needs no
+    # second read of the side it searched; None where a hit was made otherwise
+    stored: Stored | None = field(default=None, compare=False, repr=False)
 
 
 class GalleryStore:
@@ -359,6 +362,7 @@ def _vectors_of(point: Any) -> dict[str, np.ndarray]:
 
 def _hit(point: models.ScoredPoint) -> Hit:
     payload = point.payload or {}
-    return Hit(id=str(payload.get("item_id")), score=float(point.score),
-               payload=dict(payload.get("payload") or {}),
-               version=str(payload.get("version")), space=str(payload.get("space")))
+    stored = _stored(point)
+    return Hit(id=stored.id, score=float(point.score), payload=dict(stored.payload),
+               version=str(payload.get("version")), space=str(payload.get("space")),
+               stored=stored)
