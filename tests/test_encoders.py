@@ -213,8 +213,9 @@ def test_one_forward_gives_the_routes_vector_and_the_towers_own(micro_spec) -> N
 
 def test_pixels_of_many_images_equal_each_images_own(micro_spec) -> None:
     """``Embedder.pixels_many`` (the rerank fill's preprocessing: the tensor steps once for
-    the stacked images) gives exactly ``pixels`` of each image, whatever their sizes and
-    modes; a preprocess of another shape falls back to ``pixels`` one by one."""
+    the stacked images, in numpy) and ``pixels`` give exactly the model's own preprocess
+    of each image, whatever their sizes and modes; a preprocess of another shape falls
+    back to it one by one."""
     from concurrent.futures import ThreadPoolExecutor
 
     from PIL import Image
@@ -229,15 +230,18 @@ def test_pixels_of_many_images_equal_each_images_own(micro_spec) -> None:
     images = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
               for h, w in ((32, 32), (50, 41), (17, 90), (200, 120))]
     images += [images[1].convert("L"), images[2].convert("RGBA"), images[3].convert("P")]
-    one_by_one = embedder.pixels
+    def one_by_one(image):  # the model's own preprocess, in torch, one image
+        return encoder.preprocess(image.convert("RGB"))
+
     calls = []
-    embedder.pixels = lambda image: calls.append(image) or one_by_one(image)  # type: ignore
+    embedder._preprocess = lambda image: calls.append(image) or one_by_one(image)  # type: ignore
     many = embedder.pixels_many(images)
     assert calls == []  # the batched path ran
     assert len(many) == len(images)
     for image, pixels in zip(images, many, strict=True):
         assert torch.equal(pixels, one_by_one(image))
-    assert embedder.pixels_many([]) == []
+        assert torch.equal(embedder.pixels(image), one_by_one(image))  # one alone: the same
+    assert calls == [] and embedder.pixels_many([]) == []
     steps = encoder.preprocess.transforms
     normalize = next(t for t in steps if isinstance(t, transforms.Normalize))
     for other in ([transforms.Resize(24), transforms.ToTensor(), normalize],  # sizes differ

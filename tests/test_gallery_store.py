@@ -48,7 +48,7 @@ def test_a_searchs_hits_carry_each_items_record_as_a_read_gives_it(embedded_stor
                        for i in range(6)], "v1", "s")
     store.upsert("g", [Item("a2", {"image": unit(2)}, {"title": "new"})], "v2", "s")
     hits = store.search("g", unit(2), "image", 6)
-    assert [h.id for h in hits][0] == "a2" and len(hits) == 6
+    assert hits[0].id == "a2" and len(hits) == 6
     read = store.stored("g", [h.id for h in hits])
     assert {h.id: h.stored for h in hits} == read
     assert hits[0].stored.kinds == ("image",) and hits[0].stored.version == "v2"

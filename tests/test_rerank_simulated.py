@@ -81,6 +81,36 @@ def test_a_zipf_workload_is_skewed_to_the_popular_items() -> None:
         assert any(np.array_equal(row, c) for c in ok)
 
 
+def test_the_query_shares_are_the_streams_own_and_the_greedy_fill_takes_the_best_first(
+        ) -> None:
+    from training.upgrades.rerank import best_fill_curve, zipf_query_shares
+
+    items, k = 200, 3
+    owners = {"t2i": np.repeat(np.arange(items), 2)[:-2], "i2t": np.arange(items)}
+    cands = {"t2i": np.arange(2 * items * k).reshape(-1, k)[:-2] % 500,
+             "i2t": np.arange(items * k).reshape(-1, k) % 500}
+    shares = zipf_query_shares(owners, items, 1.1, seed=3)
+    assert sum(x.sum() for x in shares.values()) == pytest.approx(1.0)
+    _, picked = zipf_stream(cands, owners, items, 40_000, 1.1, seed=3)
+    per_item = np.bincount(np.concatenate([owners[d] for d in shares]),
+                           np.concatenate([shares[d] for d in shares]), minlength=items)
+    seen = np.bincount(picked, minlength=items) / len(picked)
+    top = np.argsort(-per_item)[:5]
+    assert np.argmax(seen) == top[0]  # the same ranking as the stream's
+    se = np.sqrt(per_item[top] * (1 - per_item[top]) / len(picked))
+    assert np.all(np.abs(seen[top] - per_item[top]) < 4 * se)
+    # the last item has no t2i query: its i2t query gets all of its popularity
+    assert shares["i2t"][items - 1] == pytest.approx(per_item[items - 1])
+
+    # three queries over ten items: the best share per missing item first
+    toy = {"t2i": np.array([[0, 1], [1, 2]]), "i2t": np.array([[5, 6, 7, 8]])}
+    toy_shares = {"t2i": np.array([0.35, 0.3]), "i2t": np.array([0.35])}
+    got = best_fill_curve(toy, toy_shares, 10, (0.2, 0.3, 0.5, 0.7, 0.9))
+    # [1, 2] once [0, 1] is held (0.3 for one item) before [5, 6, 7, 8] (0.35 for four)
+    assert [p["warm"] for p in got["curve"]] == [0.35, 0.65, 0.65, 1.0, None]
+    assert got["warm_80_at_filled"] == 0.7
+
+
 def test_every_k_at_once_agrees_with_each_k_alone() -> None:
     from training.upgrades.rerank import every_k
 

@@ -334,10 +334,12 @@ def rerank_draw(e: Embedded, routed: dict[str, np.ndarray], relevant: dict[str, 
     from training.upgrades.rerank import (
         DIRECTIONS,
         KS,
+        best_fill_curve,
         candidates,
         every_k,
         fill_curve,
         filled_share,
+        zipf_query_shares,
         zipf_stream,
     )
 
@@ -361,9 +363,13 @@ def rerank_draw(e: Embedded, routed: dict[str, np.ndarray], relevant: dict[str, 
     hits[FUSED] = {d: measured[d][FUSED] for d in DIRECTIONS}
     if zipf is not None:
         owners = {"t2i": e.query_owners, "i2t": np.arange(test)}
-        stream, _ = zipf_stream({d: c[:, :RERANK_TARGET_K] for d, c in cands.items()},
-                                owners, test, ZIPF_SEARCHES, zipf, seed)
-        out["zipf"] = {"s": zipf, "k": RERANK_TARGET_K, **fill_curve(stream, n)}
+        top = {d: c[:, :RERANK_TARGET_K] for d, c in cands.items()}
+        stream, _ = zipf_stream(top, owners, test, ZIPF_SEARCHES, zipf, seed)
+        curve = fill_curve(stream, n)
+        # the reference: a fill that knew every query's share of the workload in advance
+        best = best_fill_curve(top, zipf_query_shares(owners, test, zipf, seed), n,
+                               [p["filled"] for p in curve["curve"]])
+        out["zipf"] = {"s": zipf, "k": RERANK_TARGET_K, **curve, "best_fill": best}
     return out
 
 
@@ -645,14 +651,20 @@ def _rerank_lines(r: dict[str, Any]) -> list[str]:
         for k, v in r["k"].items())]
     z = r.get("zipf")
     if z:
-        cells = ", ".join(f"{p['filled']:.0%}: " + ("-" if p["warm"] is None
-                                                     else f"{p['warm']:.0%}")
-                          for p in z["curve"])
         lines.append(f"  zipf {z['s']} (k {z['k']}, {z['searches']:,} searches, warm share over "
-                     f"the last {z['window']:,}): at gallery filled {cells}; 80% warm reached "
-                     f"at {z['warm_80_at_filled']} filled; end: {z['final_filled']:.1%} filled, "
-                     f"{z['final_warm']:.0%} warm")
+                     f"the last {z['window']:,}): at gallery filled {_cells(z['curve'])}; 80% "
+                     f"warm reached at {z['warm_80_at_filled']} filled; end: "
+                     f"{z['final_filled']:.1%} filled, {z['final_warm']:.0%} warm")
+        if z.get("best_fill"):
+            lines.append(f"  zipf {z['s']}, a fill that knew the workload (greedy, expected "
+                         f"warm share): at gallery filled {_cells(z['best_fill']['curve'])}; "
+                         f"80% warm at {z['best_fill']['warm_80_at_filled']} filled")
     return lines
+
+
+def _cells(curve: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{p['filled']:.0%}: " + ("-" if p["warm"] is None else f"{p['warm']:.0%}")
+                     for p in curve)
 
 
 def render(result: dict[str, Any]) -> str:

@@ -126,6 +126,70 @@ def zipf_stream(cands: dict[str, np.ndarray], owners: dict[str, np.ndarray], ite
     return rows, picked
 
 
+def zipf_query_shares(owners: dict[str, np.ndarray], items: int, s: float,
+                      seed: int = 0) -> dict[str, np.ndarray]:
+    """Per direction [Q]: the share of ``zipf_stream``'s searches (same ``seed``: the same
+    ranking) that each query gets, exactly (its item's popularity, half of it per
+    direction, split evenly over the item's queries in that direction; all of it to the
+    other direction where the item has none)."""
+    rank = np.random.default_rng(seed).permutation(items)  # zipf_stream's first draw
+    p = 1.0 / np.arange(1, items + 1) ** s
+    popularity = np.empty(items)
+    popularity[rank] = p / p.sum()
+    counts = {d: np.bincount(o, minlength=items) for d, o in owners.items()}
+    out = {}
+    for d, o in owners.items():
+        other = sum(counts[x] for x in owners if x != d)
+        half = np.where(other[o] > 0, 0.5, 1.0)  # two directions: half, or all of it
+        out[d] = popularity[o] * half / counts[d][o]
+    return out
+
+
+def best_fill_curve(cands: dict[str, np.ndarray], shares: dict[str, np.ndarray], n: int,
+                    points: Sequence[float]) -> dict[str, Any]:
+    """What a fill that knew the workload in advance could reach: the items of ``n`` are
+    filled greedily, each time the missing candidates of the query that gives the most
+    search share per item still missing (``shares``: per direction [Q], as
+    ``zipf_query_shares``; ``cands``: per direction [Q, k]). Returns the share of searches
+    fully warm (every candidate held) at each of ``points`` (shares of ``n`` filled) and
+    the filled share at which it first reaches 80%. A greedy fill, not a proven optimum:
+    the reference a read-through fill is measured against."""
+    import heapq
+
+    share = np.concatenate([shares[d] for d in cands])
+    sets = [np.unique(row) for c in cands.values() for row in np.asarray(c)]
+    missing = np.array([len(x) for x in sets])
+    holders: list[list[int]] = [[] for _ in range(n)]
+    for q, x in enumerate(sets):
+        for i in x:
+            holders[i].append(q)
+    held = np.zeros(n, bool)
+    heap = [(-share[q] / missing[q], q, missing[q]) for q in range(len(sets))]
+    heapq.heapify(heap)
+    warm, count, curve, at_80 = 0.0, 0, {}, None
+    marks = sorted(points)
+    while heap and (marks or at_80 is None):
+        _, q, was = heapq.heappop(heap)
+        if missing[q] != was or missing[q] == 0:
+            continue  # a stale entry: a newer one (or none, once warm) holds q
+        for i in sets[q][~held[sets[q]]]:
+            held[i] = True
+            count += 1
+            for other in holders[i]:
+                missing[other] -= 1
+                if missing[other] == 0:
+                    warm += share[other]
+                else:
+                    heapq.heappush(heap, (-share[other] / missing[other], other,
+                                          missing[other]))
+            while marks and count / n >= marks[0]:
+                curve[marks.pop(0)] = round(float(warm), 4)
+            if at_80 is None and warm >= 0.8:
+                at_80 = round(count / n, 4)
+    return {"curve": [{"filled": p, "warm": curve.get(p)} for p in points],
+            "warm_80_at_filled": at_80}
+
+
 def _grouped(owners: np.ndarray, items: int) -> list[np.ndarray]:
     order = np.argsort(owners, kind="stable")
     bounds = np.searchsorted(owners[order], np.arange(items + 1))
