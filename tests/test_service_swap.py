@@ -177,3 +177,36 @@ def test_a_rollback_to_a_warm_version_loads_nothing(gateway_factory) -> None:
         activate(client, "v1")  # v1 stayed loaded after the promotion
         activate(client, "v2")
         assert loads == ["v1", "v2"]
+
+
+def test_a_model_loads_in_a_thread_of_its_own_that_ends_with_the_load() -> None:
+    """``in_own_thread`` (how the gateway loads a model: only the device lane keeps torch's
+    OpenMP threads, ``service.runtime.threads``): the result or the error reaches the
+    awaiting caller, from a thread that is neither the caller's nor alive afterwards."""
+    import asyncio
+    import threading
+
+    from service.runtime.threads import in_own_thread
+
+    ran: list[threading.Thread] = []
+
+    def load(x: int) -> int:
+        ran.append(threading.current_thread())
+        if x < 0:
+            raise ValueError("no such model")
+        return 2 * x
+
+    async def main() -> tuple[int, str]:
+        got = await in_own_thread(load, 21)
+        try:
+            await in_own_thread(load, -1)
+        except ValueError as exc:
+            return got, str(exc)
+        return got, ""
+
+    assert asyncio.run(main()) == (42, "no such model")
+    assert len(ran) == 2 and ran[0] is not ran[1]
+    assert all(t is not threading.main_thread() for t in ran)
+    for t in ran:
+        t.join(timeout=10)
+        assert not t.is_alive()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -232,6 +232,64 @@ def image_preprocess(model: torch.nn.Module) -> Callable[[Image.Image], torch.Te
     return image_transform_v2(cfg, is_train=False)
 
 
+def pixels_many(preprocess: Callable[[Image.Image], torch.Tensor], images: Iterable[Image.Image],
+                one: Callable[[Image.Image], torch.Tensor] | None = None) -> list[torch.Tensor]:
+    """``preprocess`` of each image (an RGB conversion first), the same values, with its
+    tensor steps (to-tensor, normalize: elementwise) run once on the stacked images instead
+    of once per image, and in numpy, not torch. Where images are prepared beside a thread
+    that runs the model (a gateway's decode threads, a backfill's reader), each small step
+    would wait for the interpreter lock, and a torch operation starts an OpenMP team in
+    the calling thread whose workers, once the process holds more such threads than cores,
+    sleep between operations, the model's forwards included (``service.runtime.threads``;
+    measured: the rerank fill's preprocessing 5x slower in the gateway than alone, and the
+    forward 1.6x). Each image is brought to the model's size as it comes (only that is
+    kept). A preprocess of another shape runs image by image (``one``: default
+    ``preprocess`` after the RGB conversion)."""
+    from open_clip.transform import MaybeToTensor
+    from torchvision import transforms
+
+    if one is None:
+        def one(image: Image.Image) -> torch.Tensor:
+            return preprocess(image.convert("RGB"))
+    steps = list(getattr(preprocess, "transforms", ()))
+    cut = next((n for n, t in enumerate(steps)
+                if type(t) in (transforms.ToTensor, MaybeToTensor)), len(steps))
+    tail = steps[cut + 1:]
+    if cut == len(steps) or not all(isinstance(t, transforms.Normalize) for t in tail):
+        return [one(image) for image in images]
+    sized: list[np.ndarray | torch.Tensor] = []
+    for image in images:
+        image = image.convert("RGB")
+        for step in steps[:cut]:
+            image = step(image)
+        if isinstance(image, Image.Image) and image.mode == "RGB":
+            sized.append(np.asarray(image))  # [H, W, 3] uint8
+        else:  # a step made something else: the rest of the preprocess on it alone
+            for step in steps[cut:]:
+                image = step(image)
+            sized.append(image)
+    out: list[torch.Tensor | None] = [None] * len(sized)
+    shapes = {a.shape for a in sized if isinstance(a, np.ndarray)}
+    for shape in shapes:  # one stack per size (one size, for a cropping preprocess)
+        rows = [n for n, a in enumerate(sized) if isinstance(a, np.ndarray)
+                and a.shape == shape]
+        batch = np.stack([sized[n] for n in rows]).astype(np.float32)  # [N, H, W, 3]
+        batch /= np.float32(255)  # to_tensor's and normalize's own float32 steps, in
+        for step in tail:  # order, element by element: the same values
+            batch -= np.asarray(step.mean, np.float32)
+            batch /= np.asarray(step.std, np.float32)
+        stacked = torch.from_numpy(np.ascontiguousarray(batch.transpose(0, 3, 1, 2)))
+        for n, pixels in zip(rows, stacked, strict=True):
+            out[n] = pixels
+    return [p if p is not None else sized[n] for n, p in enumerate(out)]  # type: ignore
+
+
+def stacked(pixels: Sequence[torch.Tensor]) -> torch.Tensor:
+    """[N, 3, H, W] of equal-shaped [3, H, W] tensors, stacked in numpy (see
+    ``pixels_many``: no torch operation outside the thread that runs the model)."""
+    return torch.from_numpy(np.stack([p.numpy() for p in pixels]))
+
+
 class Encoder:
     """An open_clip model plus its tokenizer and preprocessing; encodes in batches.
 
@@ -267,8 +325,9 @@ class Encoder:
         return self.tokenizer(list(texts))
 
     def image_tensors(self, images: Sequence[Image.Image]) -> torch.Tensor:
-        """[N, 3, H, W] preprocessed images."""
-        return torch.stack([self.preprocess(im.convert("RGB")) for im in images])
+        """[N, 3, H, W] preprocessed images (the tensor steps in numpy, ``pixels_many``:
+        a backfill's reader thread runs this beside the forward)."""
+        return stacked(pixels_many(self.preprocess, images))
 
     @torch.inference_mode()
     def encode_texts(self, texts: Sequence[str], batch_size: int = 256) -> np.ndarray:

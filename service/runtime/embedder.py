@@ -13,12 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from open_clip.model import get_model_preprocess_cfg
-from open_clip.transform import MaybeToTensor
 from PIL import Image
-from torchvision import transforms
 
 from service.runtime.batching import MicroBatcher
-from training.encoders import Encoder
+from training.encoders import Encoder, pixels_many
 
 
 @dataclass(frozen=True)
@@ -66,46 +64,10 @@ class Embedder:
         return self.encoder.preprocess(image.convert("RGB"))  # type: ignore[no-any-return]
 
     def pixels_many(self, images: Iterable[Image.Image]) -> list[torch.Tensor]:
-        """``pixels`` of each image, the same values, with the preprocess's tensor steps
-        (to-tensor, normalize: elementwise) run once on the stacked images instead of once
-        per image, and in numpy, not torch: in the gateway each small step waits for the
-        interpreter lock, and a torch operation from a thread other than the device lane
-        starts an OpenMP team of its own whose threads then spin on the cores the lane's
-        forwards need (measured: the rerank fill's preprocessing ran 5x slower in the
-        gateway than alone). Each image is brought to the model's size as it comes (only
-        that is kept, not the decoded image). A preprocess of another shape runs image by
-        image (blocking)."""
-        steps = list(getattr(self.encoder.preprocess, "transforms", ()))
-        cut = next((n for n, t in enumerate(steps)
-                    if type(t) in (transforms.ToTensor, MaybeToTensor)), len(steps))
-        tail = steps[cut + 1:]
-        if cut == len(steps) or not all(isinstance(t, transforms.Normalize) for t in tail):
-            return [self._preprocess(image) for image in images]
-        sized: list[np.ndarray | torch.Tensor] = []
-        for image in images:
-            image = image.convert("RGB")
-            for step in steps[:cut]:
-                image = step(image)
-            if isinstance(image, Image.Image) and image.mode == "RGB":
-                sized.append(np.asarray(image))  # [H, W, 3] uint8
-            else:  # a step made something else: the rest of the preprocess on it alone
-                for step in steps[cut:]:
-                    image = step(image)
-                sized.append(image)
-        out: list[torch.Tensor | None] = [None] * len(sized)
-        shapes = {a.shape for a in sized if isinstance(a, np.ndarray)}
-        for shape in shapes:  # one stack per size (one size, for a cropping preprocess)
-            rows = [n for n, a in enumerate(sized) if isinstance(a, np.ndarray)
-                    and a.shape == shape]
-            batch = np.stack([sized[n] for n in rows]).astype(np.float32)  # [N, H, W, 3]
-            batch /= np.float32(255)  # to_tensor's and normalize's own float32 steps, in
-            for step in tail:  # order, element by element: the same values
-                batch -= np.asarray(step.mean, np.float32)
-                batch /= np.asarray(step.std, np.float32)
-            stacked = torch.from_numpy(np.ascontiguousarray(batch.transpose(0, 3, 1, 2)))
-            for n, pixels in zip(rows, stacked, strict=True):
-                out[n] = pixels
-        return [p if p is not None else sized[n] for n, p in enumerate(out)]  # type: ignore
+        """``pixels`` of each image, the same values, the preprocess's tensor steps once for
+        the stacked images, in numpy (``training.encoders.pixels_many``: in the gateway
+        only the device lane runs torch, ``service.runtime.threads``)."""
+        return pixels_many(self.encoder.preprocess, images, self._preprocess)
 
     async def embed_text(self, text: str) -> np.ndarray:
         """[D] embedding of one query text, batched with concurrent ones."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from service.runtime import heap
 from service.runtime.embedder import Batching, Embedder
 from service.runtime.metrics import Metrics
+from service.runtime.threads import in_own_thread
 from service.state.errors import (
     GalleryNotFound,
     ServiceError,
@@ -129,7 +130,8 @@ class Runtime:
         key = (record.version_id, space)
         embedder = self._embedders.pop(key, None)
         if embedder is None:
-            embedder = await asyncio.to_thread(self._build, record, space)
+            # in a thread that ends once it is loaded: only the lane keeps torch threads
+            embedder = await in_own_thread(self._build, record, space)
         self._embedders[key] = embedder  # now the most recently used
         return embedder
 

@@ -1,15 +1,33 @@
-"""How many threads numpy's BLAS may use in the gateway process.
+"""The gateway's thread pools outside Python: numpy's BLAS threads and torch's OpenMP teams.
 
-The gateway's own numpy work is small (the embedded Qdrant's brute-force search, one
-[D] x [N, D] product per query), but OpenBLAS keeps its idle threads spinning for a
-while after every call, on the same cores as the next model forward. On a 2-core host
-that roughly halved a ViT-B-32 text query's encode time when set to one thread
-(53 -> 25 ms, ``nobackfill bench serve``). torch's own thread pool is not touched.
+numpy's BLAS: the gateway's own numpy work is small (the embedded Qdrant's brute-force
+search, one [D] x [N, D] product per query), but OpenBLAS keeps its idle threads spinning
+for a while after every call, on the same cores as the next model forward. On a 2-core
+host that roughly halved a ViT-B-32 text query's encode time when set to one thread
+(53 -> 25 ms, ``nobackfill bench serve``): ``limit_blas_threads``.
+
+torch's OpenMP teams: every thread that runs a parallel torch operation gets a team of
+OpenMP worker threads of its own, kept while that thread lives. Once the process holds
+more such threads than it has cores, GNU OpenMP stops letting idle workers spin and puts
+them to sleep between operations, so each of a forward's many small operations waits for
+its workers to wake. Measured on this project's 2-core machine (bench base's NEW, in the
+device lane's thread): 20 images 6.1 ms and one text 0.8 ms when only the lane had ever
+run torch; 10.0 and 2.0 ms once a model had been loaded in another thread that stays
+alive (a thread pool's). So in the gateway only the device lane runs torch for good:
+images are preprocessed in numpy (``Embedder.pixels_many``), and a model is loaded in a
+thread of its own that ends once it is loaded (``in_own_thread``), its team with it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
 from threadpoolctl import threadpool_limits
+
+T = TypeVar("T")
 
 
 def limit_blas_threads(threads: int) -> None:
@@ -17,3 +35,30 @@ def limit_blas_threads(threads: int) -> None:
     Applies from now on, for the whole process."""
     if threads > 0:
         threadpool_limits(limits=threads, user_api="blas")
+
+
+async def in_own_thread(fn: Callable[..., T], *args: object) -> T:
+    """``fn(*args)`` in a new thread that ends when it returns (its OpenMP team is freed
+    with it), awaited without blocking the event loop."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+
+    def settle(value: object, failed: bool) -> None:
+        if done.cancelled():
+            return
+        if failed:
+            done.set_exception(value)  # type: ignore[arg-type]
+        else:
+            done.set_result(value)  # type: ignore[arg-type]
+
+    def run() -> None:
+        try:
+            result: object = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting caller
+            loop.call_soon_threadsafe(settle, exc, True)
+        else:
+            loop.call_soon_threadsafe(settle, result, False)
+
+    threading.Thread(target=run, name=f"load-{getattr(fn, '__name__', 'fn')}",
+                     daemon=True).start()
+    return await done
