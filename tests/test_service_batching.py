@@ -290,3 +290,23 @@ def test_a_failing_search_fails_only_its_caller(gallery_store, lane) -> None:
     assert [r[0].id for r in (results[0], results[1], results[4])] == ["i0", "i1", "i4"]
     assert isinstance(results[2], Exception) and "no-such-vector" in str(results[2])
     assert isinstance(results[3], Unavailable) and "nope" in str(results[3])
+
+
+@pytest.mark.parametrize(("setting", "expected"), [(None, 1), (3, 3), (0, 2)])
+def test_the_device_lane_runs_torch_on_torch_threads(gateway_factory, setting,
+                                                     expected) -> None:
+    """A forward on several threads waits at every barrier for a preempted one when another
+    process takes a core: the gateway's device lane runs ``torch_threads`` (default 1),
+    and 0 leaves torch's own count (here 2)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with gateway_factory(**({} if setting is None else {"torch_threads": setting})) as c:
+            lane = c.app.state.gateway.lane  # type: ignore[attr-defined]
+            assert lane.submit(torch.get_num_threads).result() == expected
+            r = c.post("/v1/galleries/shapes/search", json={"text": "a red circle"})
+            assert r.status_code == 200, r.text  # the forwards ran on it
+    finally:
+        torch.set_num_threads(before)

@@ -12,6 +12,7 @@ from service.runtime.embedder import Batching
 from service.runtime.metrics import Metrics
 from service.runtime.search_batcher import SearchBatcher
 from service.runtime.serving import EncoderLoader, Runtime
+from service.runtime.threads import lane_torch_threads
 from service.state.config import Settings
 from service.state.gallery import GalleryStore, open_qdrant
 from service.state.jobs import JobStore
@@ -52,7 +53,8 @@ def open_gateway(settings: Settings, metrics: Metrics,
     client = open_qdrant(settings)
     store = GalleryStore(client, serialise=settings.qdrant_url is None
                          and settings.qdrant_engine == "local")
-    lane = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nobackfill-device")
+    lane = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nobackfill-device",
+                              initializer=lane_torch_threads, initargs=(settings.torch_threads,))
     batching = Batching(settings.batch_max_size, settings.batch_max_wait_s)
     runtime = Runtime(registry, load or _device_loader(settings.device), lane, batching, metrics,
                       settings.keep_warm_versions)

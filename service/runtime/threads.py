@@ -1,4 +1,4 @@
-"""The gateway's thread pools outside Python: numpy's BLAS threads and torch's OpenMP teams.
+"""The gateway's threads outside Python: numpy's BLAS threads and torch's OpenMP teams.
 
 numpy's BLAS: the gateway's own numpy work is small (the embedded Qdrant's brute-force
 search, one [D] x [N, D] product per query), but OpenBLAS keeps its idle threads spinning
@@ -11,11 +11,20 @@ OpenMP worker threads of its own, kept while that thread lives. Once the process
 more such threads than it has cores, GNU OpenMP stops letting idle workers spin and puts
 them to sleep between operations, so each of a forward's many small operations waits for
 its workers to wake. Measured on this project's 2-core machine (bench base's NEW, in the
-device lane's thread): 20 images 6.1 ms and one text 0.8 ms when only the lane had ever
+device lane's thread): 20 images 6.5 ms and one text 0.9 ms when only the lane had ever
 run torch; 10.0 and 2.0 ms once a model had been loaded in another thread that stays
 alive (a thread pool's). So in the gateway only the device lane runs torch for good:
-images are preprocessed in numpy (``Embedder.pixels_many``), and a model is loaded in a
-thread of its own that ends once it is loaded (``in_own_thread``), its team with it.
+images are preprocessed in numpy (``training.encoders.pixels_many``), and a model is
+loaded in a thread of its own that ends once it is loaded (``in_own_thread``), its team
+with it.
+
+And the lane's own team: a forward on two threads is a string of fork-join barriers,
+each waiting for both threads. When another process takes a core (a worker on the same
+host loading a model or backfilling), one of them is preempted and every barrier waits
+for its next time slice: plain searches took 200-230 ms instead of 6 (``bench rerank``,
+while the worker loaded its model). On one thread there is no barrier: one text 0.9 ms
+(the same), 20 images 11.0 ms instead of 6.5. So the lane runs ``torch_threads`` (default
+1: ``lane_torch_threads``); a host with cores to spare for the forward sets more.
 """
 
 from __future__ import annotations
@@ -35,6 +44,15 @@ def limit_blas_threads(threads: int) -> None:
     Applies from now on, for the whole process."""
     if threads > 0:
         threadpool_limits(limits=threads, user_api="blas")
+
+
+def lane_torch_threads(threads: int) -> None:
+    """The device lane's initializer: torch's threads for its forwards (0: torch's
+    default)."""
+    if threads > 0:
+        import torch
+
+        torch.set_num_threads(threads)
 
 
 async def in_own_thread(fn: Callable[..., T], *args: object) -> T:

@@ -82,6 +82,11 @@ class Settings(BaseSettings):
     blas_threads: int = Field(
         1, ge=0, description="threads for numpy's BLAS in the gateway (the embedded Qdrant's "
         "search); its spinning idle threads slow the model's forward; 0: library default")
+    torch_threads: int = Field(
+        1, ge=0, description="torch's threads for the gateway's model forwards (its device "
+        "lane) on a CPU: one leaves the other cores to the image decodes, the searches and "
+        "a worker on the same host, and no forward waits at an OpenMP barrier for a "
+        "preempted thread; 0: torch's default (one per core)")
     registry_poll_interval_s: float = Field(
         1.0, ge=0, description="how often to look for promotions/rollbacks; 0 disables")
     access_log: bool = Field(True, description="uvicorn's per-request log lines")
