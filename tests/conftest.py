@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,10 @@ from training.data import PairDataset, generate_items
 from training.encoders import ModelSpec
 
 torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+# A gateway sets torch's threads for its whole process (``torch_threads``, default 1: a
+# process of its own in production). Gateways started inside this test process leave
+# them alone, so the tests after them train at the speed they had; subprocesses inherit it.
+os.environ.setdefault("NOBACKFILL_TORCH_THREADS", "0")
 
 MICRO_CONFIG = {
     "embed_dim": 32,

@@ -292,18 +292,22 @@ def test_a_failing_search_fails_only_its_caller(gallery_store, lane) -> None:
     assert isinstance(results[3], Unavailable) and "nope" in str(results[3])
 
 
-@pytest.mark.parametrize(("setting", "expected"), [(None, 1), (3, 3), (0, 2)])
+@pytest.mark.parametrize(("setting", "expected"), [(1, 1), (3, 3), (0, 2)])
 def test_the_device_lane_runs_torch_on_torch_threads(gateway_factory, setting,
                                                      expected) -> None:
     """A forward on several threads waits at every barrier for a preempted one when another
-    process takes a core: the gateway's device lane runs ``torch_threads`` (default 1),
-    and 0 leaves torch's own count (here 2)."""
+    process takes a core: the gateway's device lane runs ``torch_threads`` (default 1;
+    these tests' own gateways get 0 from conftest, to leave the test process alone), and 0
+    leaves torch's own count (here 2)."""
     import torch
 
+    from service.state.config import Settings
+
+    assert Settings.model_fields["torch_threads"].default == 1
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        with gateway_factory(**({} if setting is None else {"torch_threads": setting})) as c:
+        with gateway_factory(torch_threads=setting) as c:
             lane = c.app.state.gateway.lane  # type: ignore[attr-defined]
             assert lane.submit(torch.get_num_threads).result() == expected
             r = c.post("/v1/galleries/shapes/search", json={"text": "a red circle"})
