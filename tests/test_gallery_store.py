@@ -55,6 +55,14 @@ def test_a_searchs_hits_carry_each_items_record_as_a_read_gives_it(embedded_stor
     assert {h.id: h.stored.etag for h in hits if h.id != "a2"} == {
         f"a{i}": f"e{i}" for i in (0, 1, 3, 4, 5)}
     assert all(h.payload == h.stored.payload for h in hits)
+    both = store.stored_vectors("g", ["a0", "a2"])
+    assert sorted(both["a0"][1]) == ["image", "text"] and sorted(both["a2"][1]) == ["image"]
+    only = store.stored_vectors("g", ["a0", "a2"], ("image",))  # one kind read: the same
+    assert {i: sorted(v) for i, (_, v) in only.items()} == {"a0": ["image"], "a2": ["image"]}
+    assert np.array_equal(only["a0"][1]["image"], both["a0"][1]["image"])
+    assert only["a0"][0] == both["a0"][0]
+    texts = store.stored_vectors("g", ["a0", "a2"], ("text",))  # a2 has no text: none
+    assert sorted(texts["a0"][1]) == ["text"] and texts["a2"][1] == {}
 
 
 def _written_rewritten_deleted(store: GalleryStore) -> str:

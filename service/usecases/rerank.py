@@ -121,7 +121,7 @@ async def rerank(gateway: Gateway, serving: Any, candidates: list[Hit], query_ne
     report = Reranked(k, budget_ms=budget)
     ids = [h.id for h in candidates]
     source, vectors = await asyncio.to_thread(
-        _read, gateway, serving.collection, other.collection, candidates)
+        _read, gateway, serving.collection, other.collection, candidates, kind)
     new = {item: vectors[item][kind] for item in ids if kind in vectors.get(item, {})}
     report.read = len(new)
     flights = _flights(gateway, serving, other, kind,
@@ -161,17 +161,17 @@ def ranked(candidates: list[Hit], scores: dict[str, float], version: str,
     return out
 
 
-def _read(gateway: Gateway, source: str, target: str, candidates: list[Hit],
+def _read(gateway: Gateway, source: str, target: str, candidates: list[Hit], kind: str,
           ) -> tuple[dict[str, Stored], dict[str, dict[str, np.ndarray]]]:
     """The candidates on the source side (etags, origins: as the search read them, a read
-    of that side only for a hit without its record), and the new vectors of those the new
-    side holds current (one read)."""
+    of that side only for a hit without its record), and the new ``kind`` vectors of those
+    the new side holds current (one read, of that kind's vectors only)."""
     ids = [h.id for h in candidates]
     stored_source = {h.id: h.stored for h in candidates if h.stored is not None}
     if len(stored_source) < len(ids):
         stored_source.update(gateway.store.stored(
             source, [i for i in ids if i not in stored_source]))
-    on_target = gateway.store.stored_vectors(target, ids)
+    on_target = gateway.store.stored_vectors(target, ids, (kind,))
     return stored_source, {i: vectors for i, (stored, vectors) in on_target.items()
                            if _current(stored_source.get(i), stored)}
 

@@ -395,8 +395,8 @@ class EdgeClient:
         return ([_record(r) for r in records], None if after is None else str(after))
 
     def retrieve(self, collection_name: str, ids: Iterable[Any],
-                 with_payload: bool | Sequence[str] = True, with_vectors: bool = False,
-                 ) -> list[_Point]:
+                 with_payload: bool | Sequence[str] = True,
+                 with_vectors: bool | Sequence[str] = False) -> list[_Point]:
         c = self._collection(collection_name)
         keys = [str(i) for i in ids]
         found = []
@@ -404,7 +404,8 @@ class EdgeClient:
             with c.lock.shared():
                 found += c.shard.retrieve(keys[start:start + CALL_POINTS],
                                           with_payload=_payload(with_payload),
-                                          with_vector=bool(with_vectors))
+                                          with_vector=with_vectors if isinstance(
+                                              with_vectors, bool) else list(with_vectors))
         return [_record(r) for r in found]
 
     # -- indexing and lifetime -------------------------------------------------------------

@@ -303,15 +303,19 @@ class GalleryStore:
                 for p in self._with_vectors(gallery, ids)}
 
     def stored_vectors(self, collection: str, ids: Sequence[str],
+                       kinds: Sequence[str] | None = None,
                        ) -> dict[str, tuple[Stored, dict[str, np.ndarray]]]:
-        """Item id -> (``Stored``, kind -> [D] vector), of ``ids``, in one read."""
+        """Item id -> (``Stored``, kind -> [D] vector), of ``ids``, in one read; with
+        ``kinds``, only those vectors are read (a rerank needs one of an item's two)."""
         return {(s := _stored(p)).id: (s, _vectors_of(p))
-                for p in self._with_vectors(collection, ids)}
+                for p in self._with_vectors(collection, ids, kinds)}
 
-    def _with_vectors(self, collection: str, ids: Sequence[str]) -> list[Any]:
+    def _with_vectors(self, collection: str, ids: Sequence[str],
+                      kinds: Sequence[str] | None = None) -> list[Any]:
         with self._call(collection):
-            return list(self.client.retrieve(collection, ids=[point_id(i) for i in ids],
-                                             with_payload=True, with_vectors=True))
+            return list(self.client.retrieve(
+                collection, ids=[point_id(i) for i in ids], with_payload=True,
+                with_vectors=True if kinds is None else list(kinds)))
 
     def close(self) -> None:
         self.client.close()
