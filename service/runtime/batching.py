@@ -60,10 +60,11 @@ class MicroBatcher(Generic[T, R]):
             return  # the running batch starts the next one when it finishes
         if len(self._pending) >= self.max_size:
             self._start()
-        elif now and self._timer is not None and self.max_wait_s > 0:
-            self._timer.cancel()  # a whole group is waiting: no reason to wait for more
-            self._timer = asyncio.get_running_loop().call_soon(self._on_timer)
-        elif self._timer is None:
+            return
+        if now and self._timer is not None:  # a whole group waits: no company to wait for
+            self._timer.cancel()
+            self._timer = None
+        if self._timer is None:
             loop = asyncio.get_running_loop()
             # No wait still waits for the end of this event-loop turn: callers woken
             # together (e.g. by one forward's results) then submit together.

@@ -30,8 +30,9 @@ while the worker loaded its model). On one thread there is no barrier: one text 
 from __future__ import annotations
 
 import asyncio
-import threading
+import functools
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from threadpoolctl import threadpool_limits
@@ -58,25 +59,9 @@ def lane_torch_threads(threads: int) -> None:
 async def in_own_thread(fn: Callable[..., T], *args: object) -> T:
     """``fn(*args)`` in a new thread that ends when it returns (its OpenMP team is freed
     with it), awaited without blocking the event loop."""
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[T] = loop.create_future()
-
-    def settle(value: object, failed: bool) -> None:
-        if done.cancelled():
-            return
-        if failed:
-            done.set_exception(value)  # type: ignore[arg-type]
-        else:
-            done.set_result(value)  # type: ignore[arg-type]
-
-    def run() -> None:
-        try:
-            result: object = fn(*args)
-        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting caller
-            loop.call_soon_threadsafe(settle, exc, True)
-        else:
-            loop.call_soon_threadsafe(settle, result, False)
-
-    threading.Thread(target=run, name=f"load-{getattr(fn, '__name__', 'fn')}",
-                     daemon=True).start()
-    return await done
+    pool = ThreadPoolExecutor(1, thread_name_prefix="load")
+    try:
+        return await asyncio.get_running_loop().run_in_executor(pool, functools.partial(
+            fn, *args))
+    finally:
+        pool.shutdown(wait=False)  # its one thread exits once ``fn`` has returned

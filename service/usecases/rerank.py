@@ -20,8 +20,8 @@ side and the item): a second search that needs it waits for the first one's embe
 The candidates a search must embed go together (``_fill``): their sources read and
 decoded in a thread per core (each thread's images preprocessed as one stack,
 ``Embedder.pixels_many``), then submitted as one group: the dynamic batcher makes one
-batch of them (not one per arrival) and starts it without waiting for company. A search uses a
-vector as soon as it is embedded; its write follows. An embedding that
+batch of them (not one per arrival) and starts it without waiting for company. A search
+uses a vector as soon as it is embedded; its write follows. An embedding that
 outlives its search's budget still finishes and is written, so the next search reads it.
 The fills that finish together are written as one batch (``_written``: one lock, one
 upsert) through the gallery's one writer with the backfill's etag rule (only if the
