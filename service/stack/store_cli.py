@@ -5,12 +5,15 @@ embedded store is open in one process at a time).
                                              # (data/qdrant-edge), checked
 
 ``move`` copies every collection, point and alias, checks counts and a digest of every
-point per collection, and leaves the local-mode directory as it was."""
+point per collection, and leaves the local-mode directory as it was. Its target opens only
+once the move has finished (a marker written last); an interrupted move is redone by
+running the same command again."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from service.state.errors import Conflict
@@ -23,7 +26,8 @@ def cmd_move(args: argparse.Namespace) -> int:
     source = Path(args.source) if args.source else data / "qdrant"
     target = Path(args.target) if args.target else data / "qdrant-edge"
     try:
-        moved = move_local_to_edge(source, target)
+        moved = move_local_to_edge(source, target, progress=lambda line: print(
+            f"[move] {line}", file=sys.stderr, flush=True))
     except Conflict as exc:
         print(f"error: {exc}")
         return 1

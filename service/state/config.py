@@ -32,6 +32,11 @@ class Settings(BaseSettings):
     qdrant_path: str | None = Field(
         None, description="embedded store path (default DATA_DIR/qdrant-edge for edge, "
         "DATA_DIR/qdrant for local) or ':memory:' (edge: a temporary directory)")
+    qdrant_durability: Literal["process", "power"] = Field(
+        "process", description="when an embedded store acknowledges a write: process (applied "
+        "and in its write-ahead log: survives a kill of the gateway, not a power cut) or power "
+        "(on disk: flushed before the answer, one flush for the writes that waited together); "
+        "a server keeps its own setting")
     datasets_dir: Path | None = Field(
         None, description="where datasets (manifests and their images) and model sources live; "
         "default DATA_DIR/datasets")

@@ -15,7 +15,7 @@ from qdrant_client import QdrantClient
 
 from service.state.config import MEMORY, Settings
 from service.state.errors import Unavailable
-from service.state.gallery.edge import EdgeClient
+from service.state.gallery.edge import CATALOG, EdgeClient
 
 Client = Any  # a QdrantClient, or an EdgeClient (the same calls)
 
@@ -28,9 +28,9 @@ def is_local_mode_dir(path: Path) -> bool:
 class TemporaryEdge(EdgeClient):
     """An Edge store in a fresh temporary directory, removed at close (``:memory:``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, durability: str = "process") -> None:
         self._tmp = tempfile.mkdtemp(prefix="nobackfill-edge-")
-        super().__init__(self._tmp)
+        super().__init__(self._tmp, durability=durability)
 
     def close(self) -> None:
         super().close()
@@ -44,27 +44,34 @@ def open_qdrant(settings: Settings) -> Client:
     location = settings.qdrant_location
     if settings.qdrant_engine == "edge":
         old = settings.data_dir / "qdrant"
-        if (location != MEMORY and settings.qdrant_path is None and not Path(location).exists()
-                and is_local_mode_dir(old)):
+        # an Edge store that holds nothing yet (missing, or an empty folder made
+        # beforehand) beside local-mode data: those galleries have not been moved
+        if (location != MEMORY and settings.qdrant_path is None
+                and not (Path(location) / CATALOG).exists() and is_local_mode_dir(old)):
             raise Unavailable(
                 f"{old} holds galleries in qdrant-client's local mode, and the embedded "
-                f"default is now Qdrant Edge: move them once with `nobackfill store move "
-                f"--data-dir {settings.data_dir}` (checked by counts and vectors), or keep "
-                f"local mode with NOBACKFILL_QDRANT_ENGINE=local")
-    return open_embedded(settings.qdrant_engine, location)
+                f"default is now Qdrant Edge, whose store {location} holds none yet: move "
+                f"them once with `nobackfill store move --data-dir {settings.data_dir}` "
+                f"(checked by counts and vectors), or keep local mode with "
+                f"NOBACKFILL_QDRANT_ENGINE=local")
+    return open_embedded(settings.qdrant_engine, location, settings.qdrant_durability)
 
 
-def open_embedded(engine: str, location: str = MEMORY) -> Client:
-    """An embedded engine (``edge`` or ``local``) on a path or ``:memory:``. Both lock
-    their directory: only one process (the gateway) may open it."""
+def open_embedded(engine: str, location: str = MEMORY, durability: str = "process") -> Client:
+    """An embedded engine (``edge`` or ``local``) on a path or ``:memory:``, acknowledging
+    writes at ``durability`` (``process`` or ``power``). Both lock their directory: only
+    one process (the gateway) may open it."""
     if engine == "edge":
-        return TemporaryEdge() if location == MEMORY else EdgeClient(location)
+        return (TemporaryEdge(durability) if location == MEMORY
+                else EdgeClient(location, durability=durability))
     if engine != "local":
         raise ValueError(f"unknown embedded engine {engine!r} (edge or local)")
     if location == MEMORY:
         return QdrantClient(location=MEMORY)
     Path(location).mkdir(parents=True, exist_ok=True)
-    return QdrantClient(path=location)
+    client = QdrantClient(path=location)
+    client.nobackfill_durability = durability  # read by ``tune_local_writes``
+    return client
 
 
 def tune_local_writes(client: Client, collection: str) -> bool:
@@ -76,7 +83,9 @@ def tune_local_writes(client: Client, collection: str) -> bool:
     lock held meanwhile, so searches wait). Write-ahead logging with ``synchronous=NORMAL``
     makes a commit an append (about 0.1 ms per point). Nothing is lost or corrupted when a
     process dies; on a power cut the last commits may be lost, never the file (SQLite's
-    guarantee for WAL). A server, or ``:memory:``, has no such file: returns False then, and
+    guarantee for WAL). With ``power`` durability (``open_embedded``) a commit waits for
+    its fsync again (``synchronous=FULL``). A server, or ``:memory:``, has no such file:
+    returns False then, and
     also when the client's internals are not the ones this was written against (the writes
     stay correct, only slower). True when the pragmas are set."""
     local = getattr(client, "_client", None)
@@ -91,5 +100,6 @@ def tune_local_writes(client: Client, collection: str) -> bool:
     if not isinstance(connection, sqlite3.Connection):
         return False
     connection.execute("PRAGMA journal_mode=WAL")
-    connection.execute("PRAGMA synchronous=NORMAL")
+    power = getattr(client, "nobackfill_durability", "process") == "power"
+    connection.execute(f"PRAGMA synchronous={'FULL' if power else 'NORMAL'}")
     return True

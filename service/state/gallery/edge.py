@@ -29,8 +29,25 @@ names it); at open the directories the catalog does not name are removed. The in
 runs this once a collection has had ``quiet_s`` seconds without writes and
 ``index_after`` points changed since the last run (a bulk load, a backfill's end).
 
+An index build's child process dies with its parent, by any signal (``PR_SET_PDEATHSIG``,
+and it exits at once if its parent is already gone when it starts), and holds a lock on
+its copy (``building/NAME-ID/.build.lock``) while it runs: an open removes only the copies
+no live build holds, and every build copies into a directory of its own.
+
+Indexing state survives a restart: on open, a collection whose unindexed vectors reach
+``index_after`` points is due again (once ``quiet_s`` has passed), as if those points had
+just been written.
+
+Durability (``durability``): ``process`` (the default) acknowledges a write once Edge has
+applied it and appended it to its write-ahead log in the page cache: it survives a kill of
+the process, not a power cut; ``power`` acknowledges a write only after ``flush`` has put
+it on disk (one flush for every write that waited meanwhile: a group commit). The catalog
+is synced at every change in both.
+
 One process per directory (a lock file, like local mode's): a second opener gets a clear
-error instead of two writers on one shard.
+error instead of two writers on one shard. A directory that ``nobackfill store move`` was
+filling and did not finish (``MOVE_MARKER`` not done) is refused with the command that
+redoes the move.
 """
 
 from __future__ import annotations
@@ -45,6 +62,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +71,8 @@ from typing import Any
 import numpy as np
 import qdrant_edge as edge
 from qdrant_client import models
+
+from service.state.errors import Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +92,19 @@ BUILDING, INDEXED_DIR = "building", "indexed"  # ROOT/building/NAME: a copy bein
 # ROOT/indexed/NAME/N: the Nth indexed generation of NAME (the catalog's "paths" name the one
 # that serves; a collection never indexed off the process serves from ROOT/collections/NAME)
 RETIRED = "retired"  # where the swap of an earlier version put a replaced shard aside
-# The child process that indexes a copy (only Edge imported: it starts in a moment).
-INDEX_CHILD = ("import os, sys, qdrant_edge as e\n"
+BUILD_LOCK = ".build.lock"  # held by the child that indexes a copy, for its whole run
+MOVE_MARKER = "move.json"  # written by ``store move``: under way, then done
+DURABILITY = ("process", "power")
+# The child process that indexes a copy (only Edge imported: it starts in a moment). It
+# dies with the process that started it (PR_SET_PDEATHSIG = 1, SIGKILL = 9; Linux) and
+# exits if that one is gone already; it holds its copy's lock while it runs.
+INDEX_CHILD = ("import ctypes, fcntl, os, sys\n"
+               "ctypes.CDLL(None, use_errno=True).prctl(1, 9, 0, 0, 0)\n"
+               "if os.getppid() != int(sys.argv[2]):\n"
+               "    sys.exit(3)\n"
+               "held = open(os.path.join(sys.argv[1], '" + BUILD_LOCK + "'), 'a')\n"
+               "fcntl.flock(held, fcntl.LOCK_EX)\n"
+               "import qdrant_edge as e\n"
                "os.nice(10)\n"  # a lower priority than the searches it runs beside
                "s = e.EdgeShard.load(sys.argv[1])\n"
                "changed = s.optimize()\n"
@@ -86,6 +117,63 @@ LOCK = ".lock"
 
 class EngineBusy(RuntimeError):
     """Another process holds the directory."""
+
+
+class IncompleteStore(Unavailable):
+    """A directory ``store move`` did not finish."""
+
+
+def write_json_durably(path: Path, data: Any) -> None:
+    """``path`` rewritten whole: a temporary file, fsync, rename, fsync of the folder."""
+    tmp = path.with_name(f"{path.name}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def read_move_marker(root: Path) -> dict[str, Any] | None:
+    """``store move``'s marker in ``root``, or None when it has none."""
+    path = Path(root) / MOVE_MARKER
+    if not path.exists():
+        return None
+    try:
+        return dict(json.loads(path.read_text()))
+    except (ValueError, TypeError):
+        return {"state": "unreadable"}
+
+
+def refuse_unfinished_move(root: Path) -> None:
+    """Raise ``IncompleteStore`` when ``root`` holds a move that did not finish."""
+    marker = read_move_marker(root)
+    if marker is None or marker.get("state") == "done":
+        return
+    source = marker.get("source", "the local-mode directory")
+    raise IncompleteStore(
+        f"{root} holds an unfinished `nobackfill store move` from {source} (interrupted "
+        f"before it was checked): it is not opened. Run `nobackfill store move --from "
+        f"{source} --to {root}` again to redo the move (the source was only read), or "
+        f"remove {root}")
+
+
+def _build_locked(copy: Path) -> bool:
+    """Whether a live build holds ``copy`` (its child has the copy's lock)."""
+    lock = copy / BUILD_LOCK
+    if not lock.exists():
+        return False
+    with open(lock, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return False
 
 
 class _HandleLock:
@@ -150,6 +238,9 @@ class _Collection:
     writes: threading.Lock = field(default_factory=threading.Lock)  # taken before ``lock``
     # by writers, and by an index build while it copies the shard and swaps it in
     journal: list[Any] | None = None  # the writes made while a copy is being indexed
+    written: int = 0  # write calls applied (each numbered), and the last one on disk
+    synced: int = 0
+    sync: threading.Lock = field(default_factory=threading.Lock)  # one flush at a time
 
 
 def _missing(name: str) -> ValueError:
@@ -164,8 +255,15 @@ class EdgeClient:
     def __init__(self, root: str | Path, quiet_s: float = 5.0, index_after: int = 20_000,
                  indexer: bool = True, indexing_threshold_kb: int | None = None,
                  hnsw: tuple[int, int] | None = None, search_ef: int | None = None,
-                 segments: int | None = None) -> None:
+                 segments: int | None = None, durability: str = "process",
+                 moving: bool = False) -> None:
+        if durability not in DURABILITY:
+            raise ValueError(f"durability must be one of {DURABILITY}, got {durability!r}")
         self.root = Path(root)
+        if not moving:  # ``store move`` opens its own unfinished target
+            refuse_unfinished_move(self.root)
+        self.durability = durability
+        self.syncs = 0  # flushes made to acknowledge writes (``power``)
         (self.root / "collections").mkdir(parents=True, exist_ok=True)
         self._lock_file = open(self.root / LOCK, "a+")  # noqa: SIM115 - held until close
         try:
@@ -180,7 +278,7 @@ class EdgeClient:
         self.indexing_threshold_kb = indexing_threshold_kb
         # (m, ef_construct) of new collections: bench store's, half the build time of
         # Qdrant's (16, 100) at the same recall (1.000 at 100,000 points, 0.996 at 1M)
-        self.hnsw = hnsw or HNSW
+        self.hnsw, self._hnsw_given = hnsw or HNSW, hnsw is not None
         self.search_ef = search_ef  # a search's HNSW ef; None: Qdrant's (ef_construct)
         self.segments = segments  # segments a new collection's points spread over (None:
         # Qdrant's, one per CPU); more, smaller graphs: a better recall at a given ef
@@ -199,6 +297,9 @@ class EdgeClient:
             shard = edge.EdgeShard.load(str(path))
             _indexed(shard)  # a collection made before an index was added gets it now
             self._open[name] = _Collection(shard, dict(sizes), path)
+            # what was not indexed before the restart is due again (after ``quiet_s``)
+            self._open[name].changed = _unindexed(shard, len(sizes))
+            self._open[name].last_write = time.monotonic()
         serving = {c.path for c in self._open.values()}
         # what the catalog does not name: an interrupted create or drop, a generation an
         # interrupted build made or one it replaced, an unfinished copy
@@ -209,8 +310,14 @@ class EdgeClient:
         for folder in (self.root / INDEXED_DIR).glob("*"):
             if not any(folder.iterdir()):
                 folder.rmdir()
-        for leftover in (BUILDING, RETIRED):
-            shutil.rmtree(self.root / leftover, ignore_errors=True)
+        shutil.rmtree(self.root / RETIRED, ignore_errors=True)
+        for copy in (self.root / BUILDING).glob("*"):  # never under a live build
+            if _build_locked(copy):
+                log.warning("%s is being indexed by a process still running: left", copy)
+            else:
+                shutil.rmtree(copy, ignore_errors=True)
+        with contextlib.suppress(OSError):  # gone, or a live build's copy is in it
+            (self.root / BUILDING).rmdir()
         self._closed = threading.Event()
         self._indexer = threading.Thread(target=self._index_loop, name="edge-indexer",
                                          daemon=True) if indexer else None
@@ -231,21 +338,11 @@ class EdgeClient:
         return json.loads(path.read_text())
 
     def _write_catalog(self) -> None:
-        data = {"collections": {n: c.sizes for n, c in self._open.items()},
-                "aliases": self._aliases,
-                "paths": {n: c.path.relative_to(self.root).as_posix()
-                          for n, c in self._open.items() if c.path != self._dir(n)}}
-        tmp = self.root / f"{CATALOG}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.root / CATALOG)
-        dir_fd = os.open(self.root, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        write_json_durably(self.root / CATALOG, {
+            "collections": {n: c.sizes for n, c in self._open.items()},
+            "aliases": self._aliases,
+            "paths": {n: c.path.relative_to(self.root).as_posix()
+                      for n, c in self._open.items() if c.path != self._dir(n)}})
 
     def _collection(self, name: str) -> _Collection:
         with self._meta:
@@ -267,8 +364,13 @@ class EdgeClient:
             return name in self._open
 
     def create_collection(self, name: str, vectors_config: dict[str, models.VectorParams],
-                          ) -> bool:
+                          hnsw_config: models.HnswConfigDiff | None = None) -> bool:
+        """A new collection; ``hnsw_config``'s m and ef_construct, where given, are used
+        unless the client was made with its own ``hnsw`` (``bench store``'s sweeps)."""
         sizes = {kind: int(p.size) for kind, p in vectors_config.items()}
+        m, ef = self.hnsw
+        if hnsw_config is not None and not self._hnsw_given:
+            m, ef = hnsw_config.m or m, hnsw_config.ef_construct or ef
         config = edge.EdgeConfig(vectors={
             kind: edge.EdgeVectorParams(size=size, distance=edge.Distance.Dot)
             for kind, size in sizes.items()},
@@ -280,7 +382,7 @@ class EdgeClient:
             optimizers=edge.EdgeOptimizersConfig(indexing_threshold=self.indexing_threshold_kb,
                                                  default_segment_number=self.segments),
             hnsw_config=edge.HnswIndexConfig(
-                m=self.hnsw[0], ef_construct=self.hnsw[1], full_scan_threshold=10_000))
+                m=m, ef_construct=ef, full_scan_threshold=10_000))
         with self._meta:
             if name in self._open:
                 raise ValueError(f"Collection {name} already exists")
@@ -344,23 +446,60 @@ class EdgeClient:
         for start in range(0, len(points), CALL_POINTS):
             batch = [edge.Point(str(p.id), p.vector, p.payload)  # type: ignore[arg-type]
                      for p in points[start:start + CALL_POINTS]]
-            self._write(c, edge.UpdateOperation.upsert_points(batch), len(batch))
+            last = self._write(c, edge.UpdateOperation.upsert_points(batch), len(batch))
+        if points:
+            self._durable(c, last)
 
     def delete(self, collection_name: str, points_selector: models.PointIdsList,
                wait: bool = True) -> None:
         c = self._collection(collection_name)
         ids = [str(i) for i in points_selector.points]
         for start in range(0, len(ids), CALL_POINTS):
-            self._write(c, edge.UpdateOperation.delete_points(ids[start:start + CALL_POINTS]), 0)
+            last = self._write(c, edge.UpdateOperation.delete_points(
+                ids[start:start + CALL_POINTS]), 0)
+        if ids:
+            self._durable(c, last)
+
+    def create_payload_index(self, collection_name: str, field_name: str,
+                             field_schema: Any = None, **_: Any) -> bool:
+        """A keyword index on ``field_name`` (the only schema the store asks for)."""
+        if field_schema not in (None, models.PayloadSchemaType.KEYWORD):
+            raise ValueError(f"only keyword payload indexes are supported here, got "
+                             f"{field_schema!r}")
+        c = self._collection(collection_name)
+        with c.writes, c.lock.shared():
+            if field_name not in c.shard.info().payload_schema:
+                c.shard.update(edge.UpdateOperation.create_field_index(
+                    field_name, edge.PayloadSchemaType.Keyword))
+        return True
 
     @staticmethod
-    def _write(c: _Collection, op: Any, points: int) -> None:
+    def _write(c: _Collection, op: Any, points: int) -> int:
+        """Apply ``op``; its number, for ``_durable``."""
         with c.writes, c.lock.shared():
             c.shard.update(op)
             if c.journal is not None:
                 c.journal.append(op)
             c.changed += points
             c.last_write = time.monotonic()
+            c.written += 1
+            return c.written
+
+    def _durable(self, c: _Collection, written: int) -> None:
+        """Return once write number ``written`` is as durable as ``durability`` asks: at
+        ``power``, on disk. One flush covers every write applied before it started, so
+        writers waiting meanwhile find theirs done (a group commit)."""
+        if self.durability != "power":
+            return
+        with c.sync:
+            if c.synced >= written:
+                return
+            with c.writes:
+                upto = c.written
+            with c.lock.shared():
+                c.shard.flush()
+            c.synced = upto
+            self.syncs += 1
 
     def count(self, collection_name: str, count_filter: models.Filter | None = None,
               exact: bool = True) -> Any:
@@ -428,7 +567,7 @@ class EdgeClient:
             return self._build_off_process(name, c)
 
     def _build_off_process(self, name: str, c: _Collection) -> bool:
-        copy = self.root / BUILDING / name
+        copy = self.root / BUILDING / f"{name}-{uuid.uuid4().hex[:8]}"  # never reused
         generations = self.root / INDEXED_DIR / name
         done = [int(p.name) for p in generations.glob("*") if p.name.isdigit()]
         target = generations / str(max(done, default=0) + 1)
@@ -440,11 +579,12 @@ class EdgeClient:
                 c.shard.flush()
             shutil.copytree(c.path, copy)
             c.journal, c.changed = [], 0
+            c.synced = c.written  # the flush above put every write on disk
         try:
             if self._closed.is_set():
                 raise InterruptedError("closing")
             self._child = subprocess.Popen(
-                [sys.executable, "-c", INDEX_CHILD, str(copy)],
+                [sys.executable, "-c", INDEX_CHILD, str(copy), str(os.getpid())],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             out, err = self._child.communicate()
             if self._closed.is_set():
@@ -467,6 +607,7 @@ class EdgeClient:
                     for op in journal:  # every write made meanwhile, before it serves
                         fresh.update(op)
                     fresh.flush()
+                    (target / BUILD_LOCK).unlink(missing_ok=True)
                     old_path = c.path
                     self._name_path(name, c, target)  # from here a reopen loads ``target``
                 except BaseException:
@@ -580,6 +721,14 @@ class _Info:
 @dataclass
 class _Response:
     points: list[_Point]
+
+
+def _unindexed(shard: Any, kinds: int) -> int:
+    """About how many points of ``shard`` are not indexed (its vectors not in an HNSW
+    graph, over the named vectors a point has)."""
+    info = shard.info()
+    return max(0, int(info.points_count) * kinds - int(info.indexed_vectors_count)) // max(
+        kinds, 1)
 
 
 def _indexed(shard: Any) -> None:

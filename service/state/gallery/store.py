@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import uuid
+import warnings
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedR
 
 from service.state.errors import Conflict, Unavailable
 from service.state.gallery.client import tune_local_writes
+from service.state.gallery.edge import HNSW, INDEXED
 from service.state.gallery.ids import point_id
 
 KINDS = ("image", "text")
@@ -113,21 +115,31 @@ class GalleryStore:
             if existing != dim:
                 raise Conflict(f"gallery '{gallery}' already has {existing}-d vectors, not {dim}")
             return
-        collection = f"{gallery}-{uuid.uuid4().hex[:8]}"
-        # Vectors are L2-normalised, so dot product is the cosine (without per-query renorm).
-        params = models.VectorParams(size=dim, distance=models.Distance.DOT)
+        collection = self.create_side(gallery, dim)
         alias = models.CreateAliasOperation(
             create_alias=models.CreateAlias(collection_name=collection, alias_name=gallery))
         with self._call():
-            self.client.create_collection(collection, vectors_config=dict.fromkeys(KINDS, params))
             self.client.update_collection_aliases(change_aliases_operations=[alias])
 
     def create_side(self, gallery: str, dim: int) -> str:
-        """A new, empty collection for another side of ``gallery`` (no alias); its name."""
+        """A new, empty collection for ``gallery`` (no alias: ``create`` adds one); its
+        name. Made the same way on every backend: two named vectors, the store's HNSW
+        parameters, and a keyword index on every key the store filters and counts on
+        (``INDEXED``). Local mode keeps the index calls but searches without them (it says
+        so in a warning, silenced here: exact search is all it does)."""
         collection = f"{gallery}-{uuid.uuid4().hex[:8]}"
+        # Vectors are L2-normalised, so dot product is the cosine (without per-query renorm).
         params = models.VectorParams(size=dim, distance=models.Distance.DOT)
         with self._call():
-            self.client.create_collection(collection, vectors_config=dict.fromkeys(KINDS, params))
+            self.client.create_collection(
+                collection, vectors_config=dict.fromkeys(KINDS, params),
+                hnsw_config=models.HnswConfigDiff(m=HNSW[0], ef_construct=HNSW[1]))
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", "Payload indexes have no effect")
+                for key in INDEXED:
+                    self.client.create_payload_index(
+                        collection, field_name=key,
+                        field_schema=models.PayloadSchemaType.KEYWORD)
         return collection
 
     def collection_of(self, gallery: str) -> str | None:
