@@ -12,10 +12,14 @@ Per engine and size, in a process of its own: bulk load (1,000 points a call), i
 (Edge's ``optimize``; local mode has none), a backfill's write (10,000 points rewritten,
 256 a call; on Edge, searches while they are indexed, off the process and in it), a migration's read (retrieve by id, 256 a call; scroll with vectors),
 search p50/p99 at 1 client and QPS at 8 client threads with recall@10 against exact
-search, a filtered search (a payload key matching 1/10 of the points), reopen time
-(close, open, first search), RSS and disk. Then a crash test per engine: a writer process
-acknowledges batches, is SIGKILLed mid-write 3 times, and after each reopen every
-acknowledged point must be there with its vector.
+search (mean and its standard error over the queries), a filtered search (a payload key
+matching 1/10 of the points), the writes' rate at each durability level (``process``,
+``power``: 256-point calls, and 1-point calls from 4 threads at once, where ``power``'s
+flushes are shared), reopen time (close, drop the page cache when the machine allows it,
+open, first search), RSS and disk. Then the crash test per engine
+(``service/bench/store_crash.py``): a serving process SIGKILLed at random points (writes,
+deletes, index builds and swaps, alias moves; on Edge also ``store move``), every
+acknowledged operation checked after each reopen.
 
 Local mode above ``--local-max`` points is skipped and said so (pure Python: its own
 docs advise against more than 20,000 points).
@@ -27,7 +31,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -37,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from service.bench.store_crash import crash
 from training.console import report_command
 
 DIM = 512
@@ -119,7 +123,8 @@ def _items(seed: int, c: int, n: int, dim: int) -> list[Any]:
 
 
 def _searches(store: Any, queries: np.ndarray, truth: list[list[str]]) -> dict[str, float]:
-    """p50/p99 (ms) of one search per query at 1 client, and recall@10 against ``truth``."""
+    """p50/p99 (ms) of one search per query at 1 client, and recall@10 against ``truth``
+    with its standard error over the queries (each query an independent draw)."""
     lat, recalls = [], []
     for v, want in zip(queries, truth):
         t = time.perf_counter()
@@ -127,7 +132,9 @@ def _searches(store: Any, queries: np.ndarray, truth: list[list[str]]) -> dict[s
         lat.append(time.perf_counter() - t)
         recalls.append(len({h.id for h in hits} & set(want)) / 10)
     return {"p50_ms": round(_pct(lat, 50), 2), "p99_ms": round(_pct(lat, 99), 2),
-            "recall_at_10": round(float(np.mean(recalls)), 4)}
+            "recall_at_10": round(float(np.mean(recalls)), 4),
+            "recall_se": round(float(np.std(recalls, ddof=1) / np.sqrt(len(recalls)))
+                               if len(recalls) > 1 else 0.0, 4)}
 
 
 def _search_during(store: Any, queries: np.ndarray, build: Any) -> dict[str, float]:
@@ -156,6 +163,56 @@ def _search_during(store: Any, queries: np.ndarray, build: Any) -> dict[str, flo
     return {"index_s": round(took[0], 1), "searches": len(lat),
             "p50_ms": round(_pct(lat, 50), 2), "p99_ms": round(_pct(lat, 99), 2),
             "max_ms": round(max(lat) * 1e3, 1)}
+
+
+def _set_durability(engine: str, store: Any, level: str) -> None:
+    if engine == "edge":
+        store.client.durability = level
+    else:  # local mode's SQLite commits (``tune_local_writes``)
+        store.client.nobackfill_durability = level
+
+
+def _durability_rates(engine: str, store: Any, seed: int, rewrite: int, dim: int,
+                      ) -> dict[str, Any]:
+    """Writes per second at ``process`` and ``power``: existing points rewritten 256 a
+    call from one thread, and 1-point calls from 4 threads at once (1,000 in all)."""
+    out: dict[str, Any] = {}
+    items = _items(seed + 5, 0, rewrite, dim)
+    for level in ("process", "power"):
+        _set_durability(engine, store, level)
+        before = getattr(store.client, "syncs", 0)
+        t = time.perf_counter()
+        for i in range(0, rewrite, 256):
+            store.upsert("g", items[i:i + 256], "v2", "t")
+        batched = rewrite / (time.perf_counter() - t)
+
+        def one_by_one(rows: range) -> None:
+            for r in rows:
+                store.upsert("g", [items[r]], "v2", "t")
+        threads = [threading.Thread(target=one_by_one, args=(range(k, 1000, 4),))
+                   for k in range(4)]
+        t = time.perf_counter()
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        out[level] = {"batched_per_s": round(batched),
+                      "single_4_threads_per_s": round(1000 / (time.perf_counter() - t)),
+                      "flushes": getattr(store.client, "syncs", 0) - before}
+    _set_durability(engine, store, "process")
+    return out
+
+
+def _drop_page_cache() -> bool:
+    """Drop the kernel's page cache (root on Linux), so a reopen reads from disk; False
+    when this machine does not allow it (the reopen is then timed warm)."""
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -213,7 +270,7 @@ def case(engine: str, points: int, dim: int, work: Path, seed: int, clients: int
     # searches, on the loaded (and indexed) gallery
     first = _searches(store, q, truth)
     out.update(search_p50_ms=first["p50_ms"], search_p99_ms=first["p99_ms"],
-               recall_at_10=first["recall_at_10"])
+               recall_at_10=first["recall_at_10"], recall_se=first["recall_se"])
     if engine == "edge":  # the search's ef against recall and latency, on the same index
         sweep = {}
         for ef in EF_SWEEP:
@@ -252,6 +309,7 @@ def case(engine: str, points: int, dim: int, work: Path, seed: int, clients: int
     for i in range(0, rewrite, 256):
         store.upsert("g", items[i:i + 256], "v2", "t")
     out["update_per_s"], out["rewritten"] = round(rewrite / (time.perf_counter() - t)), rewrite
+    out["durability"] = _durability_rates(engine, store, seed, rewrite, dim)
     if engine == "edge":  # searches while the rewritten points are indexed: off the
         # process (the store's way) and, for comparison, in it (holding the GIL)
         collection = store.collection_of("g")
@@ -276,6 +334,7 @@ def case(engine: str, points: int, dim: int, work: Path, seed: int, clients: int
     out.update(_memory_mb())
     store.close()
     out["disk_mb"] = round(_disk_mb(path))
+    out["reopen_cache"] = "cold" if _drop_page_cache() else "warm"
     t = time.perf_counter()
     store = _open(engine, path, **options)
     store.search("g", q[0], "image", 10)
@@ -284,54 +343,6 @@ def case(engine: str, points: int, dim: int, work: Path, seed: int, clients: int
     store.close()
     shutil.rmtree(path, ignore_errors=True)
     return out
-
-
-# ------------------------------------------------------------------ crash test
-def writer(engine: str, path: str, start: int, dim: int) -> None:
-    """Write 100-point batches forever from ``start``, printing each acknowledged batch."""
-    store = _open(engine, Path(path))
-    store.create("g", dim)
-    c = start
-    while True:
-        items = _items(7, c, 100, dim)
-        store.upsert("g", items, "v1", "s")
-        print(c, flush=True)  # acknowledged: upsert returned (wait=True)
-        c += 1
-
-
-def crash(engine: str, work: Path, dim: int, kills: int) -> dict[str, Any]:
-    path = work / f"crash-{engine}"
-    shutil.rmtree(path, ignore_errors=True)
-    acked: list[int] = []
-    lost = 0
-    rng = np.random.default_rng(0)
-    for k in range(kills):
-        code = ("import sys; from service.bench.store import writer; "
-                "writer(*sys.argv[1:3], int(sys.argv[3]), int(sys.argv[4]))")
-        proc = subprocess.Popen([sys.executable, "-c", code, engine, str(path),
-                                 str(1000 * (k + 1)), str(dim)],
-                                stdout=subprocess.PIPE, text=True)
-        assert proc.stdout is not None
-        deadline = time.monotonic() + float(rng.uniform(2, 5))
-        mine: list[int] = []
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            mine.append(int(line))
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-        acked += mine
-        store = _open(engine, path)
-        for c in acked:
-            want = _items(7, c, 100, dim)
-            got = store.vectors("g", [i.id for i in want])
-            lost += sum(1 for i in want if i.id not in got or not np.allclose(
-                got[i.id]["image"], i.vectors["image"], atol=1e-6))
-        store.close()
-    shutil.rmtree(path, ignore_errors=True)
-    return {"engine": engine, "kills": kills, "acknowledged_points": 100 * len(acked),
-            "lost": lost}
 
 
 # ------------------------------------------------------------------ the command
@@ -370,7 +381,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             rows.append(row)
             print(f"[store] {engine} {points:,}: {time.perf_counter() - t:.0f} s "
                   f"{row}", file=sys.stderr)
-    crashes = [crash(engine, work, args.dim, args.kills) for engine in engines]
+    crashes = []
+    for engine in engines:
+        t = time.perf_counter()
+        crashes.append(crash(engine, work, min(args.dim, 64), args.kills))
+        print(f"[store] crash test {engine}: {time.perf_counter() - t:.0f} s {crashes[-1]}",
+              file=sys.stderr)
     return {"rows": rows, "crash": crashes, "skipped": skipped, "dim": args.dim,
             "hnsw": args.hnsw or "the store's default (16, 64)",
             "search_ef": args.search_ef or "qdrant default", "segments": args.segments
@@ -397,14 +413,30 @@ def render(result: dict[str, Any]) -> str:
                      + " | ".join(str(r.get(k, "–")) for k, _ in cols) + " |")
     lines.append("")
     for c in result["crash"]:
-        lines.append(f"crash test, {c['engine']}: {c['kills']} SIGKILLs mid-write, "
-                     f"{c['acknowledged_points']:,} acknowledged points, {c['lost']} lost")
+        phases = ", ".join(f"{n} {p}" for p, n in sorted(c["phases"].items()))
+        moves = c["moves"]
+        lines.append(f"crash test, {c['engine']}: {c['kills']} SIGKILLs ({phases}; "
+                     f"{moves['killed']} of store move: {moves['refused']} refused until "
+                     f"redone, {moves['redone_equal']} equal after), "
+                     f"{c['acknowledged_ops']:,} acknowledged operations "
+                     f"({c['acknowledged_points']:,} points held, {c['deleted']:,} deleted): "
+                     f"{c['lost']} lost, {c['back']} deleted points back, {c['alias']} "
+                     f"aliases wrong")
     for s in result["skipped"]:
         lines.append(f"skipped: {s}")
     lines.append(f"Edge's HNSW (m, ef_construct): {result['hnsw']}; search ef "
                  f"{result['search_ef']}; segments {result['segments']}; "
                  f"{result['queries']} queries, {result['dim']}-d")
     for r in result["rows"]:
+        lines.append(f"{r['engine']} {r['points']:,}: recall@10 {r['recall_at_10']} "
+                     f"± {r.get('recall_se', '–')} (s.e. over {result['queries']} queries); "
+                     f"reopen {r['reopen_s']} s with a {r.get('reopen_cache', 'warm')} "
+                     f"page cache")
+        for level, d in (r.get("durability") or {}).items():
+            lines.append(f"{r['engine']} {r['points']:,}, durability {level}: "
+                         f"{d['batched_per_s']:,} points/s in 256-point calls, "
+                         f"{d['single_4_threads_per_s']:,}/s in 1-point calls from 4 "
+                         f"threads ({d['flushes']} flushes)")
         for key, how in (("during_index", "off the process (the store's way)"),
                          ("during_index_in_process", "in the process")):
             if key in r:
@@ -428,9 +460,10 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--local-max", type=int, default=100_000,
                    help="local mode is skipped above this many points")
     p.add_argument("--dim", type=int, default=DIM)
-    p.add_argument("--queries", type=int, default=200)
+    p.add_argument("--queries", type=int, default=1000)
     p.add_argument("--clients", type=int, default=8)
-    p.add_argument("--kills", type=int, default=3)
+    p.add_argument("--kills", type=int, default=30, help="SIGKILLs in the crash test "
+                   "(on Edge every fifth is of a store move)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--search-ef", type=int, default=0, help="Edge's search ef for the main "
                    "rows (0: Qdrant's)")
