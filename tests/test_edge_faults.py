@@ -398,7 +398,8 @@ def test_every_backend_gets_the_same_collections_hnsw_and_keyword_indexes() -> N
     store.create("g", 8)
     store.create_side("g", 8)
     want = [("hnsw", models.HnswConfigDiff(m=HNSW[0], ef_construct=HNSW[1])),
-            *((key, models.PayloadSchemaType.KEYWORD) for key in INDEXED)]
+            *((key, models.KeywordIndexParams(type=models.KeywordIndexType.KEYWORD,
+                                              on_disk=True)) for key in INDEXED)]
     assert client.calls == want * 2
     store.close()
     edge = EdgeClient(Path(os.environ.get("TMPDIR", "/tmp")) / f"edge-{os.getpid()}",
@@ -412,3 +413,23 @@ def test_every_backend_gets_the_same_collections_hnsw_and_keyword_indexes() -> N
         edge.close()
         import shutil
         shutil.rmtree(edge.root, ignore_errors=True)
+
+
+def test_a_spooled_batch_is_on_disk_before_it_is_handed_over_at_power(tmp_path,
+                                                                        monkeypatch) -> None:
+    """At ``power`` a worker's batch file and its folder are synced before ``write_batch``
+    returns (the applier may delete it once its write is durable); at ``process`` they are
+    not. The batch reads back the same either way."""
+    from service.vectors.spool import read_batch, write_batch
+    from service.vectors.writer import Batch
+
+    synced: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd))[1])
+    v = np.eye(4, dtype=np.float32)
+    batch = Batch("backfill", "v2", [{"id": "a", "etag": "e"}], {"s": [{"image": v[1]}]})
+    path = write_batch(tmp_path, "0000-000000000", batch, durable=True)
+    assert len(synced) == 2  # the file, then the folder that names it
+    assert np.array_equal(read_batch(path).vectors["s"][0]["image"], v[1])
+    write_batch(tmp_path, "0000-000000001", batch)
+    assert len(synced) == 2

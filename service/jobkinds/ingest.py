@@ -43,7 +43,8 @@ def run(ctx: RunContext) -> dict[str, Any]:
                 for side in gallery.sides()}
     work = ctx.store.work_dir(ctx.job.id)
     work.mkdir(parents=True, exist_ok=True)
-    writer = SpooledWriter(work, ThumbnailStore.of(ctx.settings), gallery.name)
+    writer = SpooledWriter(work, ThumbnailStore.of(ctx.settings), gallery.name,
+                           durable=ctx.settings.qdrant_durability == "power")
     start = time.perf_counter()
 
     def on_batch(done: int, total: int) -> None:

@@ -29,24 +29,28 @@ SPOOL = "spool"
 class SpooledWriter(GalleryWriter):
     """Writes each batch's thumbnails (they need its images, which the spool does not
     keep), then the batch into ``work``'s spool, named ``<prefix><position:09d>``:
-    ``position`` is the index of the batch's first item, and advances by its items."""
+    ``position`` is the index of the batch's first item, and advances by its items.
+    ``durable`` (the ``power`` durability level): each file is on disk before ``write``
+    returns, so a batch a worker has handed over survives a power cut."""
 
     work: Path  # the job's work directory
     thumbnails: ThumbnailStore
     gallery: str
     prefix: str = ""
     position: int = 0
+    durable: bool = False
 
     def write(self, batch: Batch) -> Applied:
         write_thumbnails(self.thumbnails, self.gallery, batch)
-        write_batch(self.work, f"{self.prefix}{self.position:09d}", batch)
+        write_batch(self.work, f"{self.prefix}{self.position:09d}", batch, self.durable)
         self.position += len(batch.items)
         return Applied(spooled=len(batch.items))
 
 
-def write_batch(work: Path, name: str, batch: Batch) -> Path:
-    """``work/spool/<name>.npz``, atomically. ``work`` must exist (a finished job's work
-    directory is gone, and a late batch of it must not bring it back)."""
+def write_batch(work: Path, name: str, batch: Batch, durable: bool = False) -> Path:
+    """``work/spool/<name>.npz``, atomically (and on disk, file and folder, when
+    ``durable``). ``work`` must exist (a finished job's work directory is gone, and a
+    late batch of it must not bring it back)."""
     if batch.mode not in MODES:
         raise ValueError(f"spool mode must be one of {MODES}, got {batch.mode!r}")
     folder = work / SPOOL
@@ -66,8 +70,17 @@ def write_batch(work: Path, name: str, batch: Batch) -> Path:
     tmp = folder / f".{name}.{uuid.uuid4().hex[:6]}.tmp"
     with open(tmp, "wb") as fh:
         np.savez(fh, **arrays)
+        if durable:
+            fh.flush()
+            os.fsync(fh.fileno())
     final = folder / f"{name}.npz"
     os.replace(tmp, final)
+    if durable:
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     return final
 
 

@@ -73,7 +73,7 @@ def run_backfill(ctx: RunContext) -> dict[str, Any]:
     reader = OriginReader(SourceStore.of(ctx.settings), Roots.of(ctx.settings),
                           encoder.image_tensors)
     writer = SpooledWriter(work, ThumbnailStore.of(ctx.settings), ctx.job.gallery,
-                           f"{shard:04d}-", cursor)
+                           f"{shard:04d}-", cursor, ctx.settings.qdrant_durability == "power")
     start = time.monotonic()
     if ctx.job.result.get(PAUSED):
         raise Paused(f"the backfill of job {ctx.job.id} is paused")

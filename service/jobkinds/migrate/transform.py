@@ -148,7 +148,7 @@ def run_transform(ctx: RunContext) -> dict[str, Any]:
     ids, etags, old = read_snapshot(work)
     encoder = load_encoder(registry.artifact(version), space, ctx.settings.device)
     writer = SpooledWriter(work, ThumbnailStore.of(ctx.settings), ctx.job.gallery,
-                           f"{shard:04d}-", 0)
+                           f"{shard:04d}-", 0, ctx.settings.qdrant_durability == "power")
     collect = _Collecting(writer, space)
     reader = OriginReader(SourceStore.of(ctx.settings), Roots.of(ctx.settings),
                           encoder.image_tensors)

@@ -136,10 +136,10 @@ class GalleryStore:
                 hnsw_config=models.HnswConfigDiff(m=HNSW[0], ef_construct=HNSW[1]))
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", "Payload indexes have no effect")
-                for key in INDEXED:
+                for key in INDEXED:  # on disk: mapped, not rebuilt at every load
                     self.client.create_payload_index(
-                        collection, field_name=key,
-                        field_schema=models.PayloadSchemaType.KEYWORD)
+                        collection, field_name=key, field_schema=models.KeywordIndexParams(
+                            type=models.KeywordIndexType.KEYWORD, on_disk=True))
         return collection
 
     def collection_of(self, gallery: str) -> str | None:
