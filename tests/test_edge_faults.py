@@ -264,12 +264,10 @@ def test_an_open_never_removes_a_copy_a_live_build_holds(tmp_path) -> None:
 
 # --------------------------------------------------------------------------- durability
 class _Shard:
-    """An Edge shard seen through its calls: counts the updates and what each flush
-    covered; ``fail`` makes the next flush raise as a failed disk would."""
+    """An Edge shard seen through its calls: numbers its updates (each thread's last)."""
 
     def __init__(self, shard: object) -> None:
-        self.shard, self.updates, self.flushed_upto, self.flushes = shard, 0, 0, 0
-        self.fail = False
+        self.shard, self.updates = shard, 0
         self.mine = threading.local()
         self.lock = threading.Lock()
 
@@ -279,36 +277,57 @@ class _Shard:
             self.updates += 1
             self.mine.last = self.updates
 
-    def flush(self) -> None:
-        if self.fail:
-            raise OSError(5, "Input/output error")
-        with self.lock:
-            upto = self.updates
-        self.shard.flush()  # type: ignore[attr-defined]
-        with self.lock:
-            self.flushes += 1
-            self.flushed_upto = max(self.flushed_upto, upto)
-
     def __getattr__(self, name: str) -> object:
         return getattr(self.shard, name)
 
 
-def _watched(durability: str, root: Path) -> tuple[GalleryStore, _Shard]:
+class _Syncs:
+    """``os.fsync`` observed: each sync of the shard's write-ahead log (its files, then its
+    folder: ``_sync_log``) and the last update it began after; ``fail`` makes a sync of
+    the log fail as a disk would."""
+
+    def __init__(self, shard: _Shard) -> None:
+        self.shard, self.real = shard, os.fsync
+        self.synced_upto = self.log_syncs = 0
+        self.began: int | None = None  # the updates made when the sync in progress began
+        self.fail = False
+
+    def __call__(self, fd: int) -> None:
+        name = os.readlink(f"/proc/self/fd/{fd}")
+        if "/wal" not in name:  # the catalog, a spooled batch: not the log
+            self.real(fd)
+            return
+        if self.began is None:
+            self.began = self.shard.updates
+        if self.fail:
+            self.began = None
+            raise OSError(5, "Input/output error")
+        self.real(fd)
+        if name.endswith("/wal"):  # the folder: the sync's last step
+            self.log_syncs += 1
+            self.synced_upto = max(self.synced_upto, self.began)
+            self.began = None
+
+
+def _watched(durability: str, root: Path, monkeypatch) -> tuple[GalleryStore, _Shard, _Syncs]:
     store = GalleryStore(EdgeClient(root, indexer=False, durability=durability),
                          serialise=False)
     store.create("g", 8)
     c = store.client._collection("g")
     c.shard = _Shard(c.shard)
-    return store, c.shard
+    syncs = _Syncs(c.shard)
+    monkeypatch.setattr(os, "fsync", syncs)
+    return store, c.shard, syncs
 
 
-def test_power_durability_acknowledges_a_write_only_after_a_flush_that_covers_it(
-        tmp_path) -> None:
-    """At ``power`` every upsert and delete returns only once a flush that began after
-    its update has finished; 6 writers at once share flushes (fewer flushes than writes).
-    A flush that fails fails the write (an error, not an acknowledgement). At ``process``
-    no write waits for a flush."""
-    store, shard = _watched("power", tmp_path / "power")
+def test_power_durability_acknowledges_a_write_only_after_its_log_is_synced(
+        tmp_path, monkeypatch) -> None:
+    """At ``power`` every upsert and delete returns only once a sync of the shard's
+    write-ahead log that began after its update has finished (files, then folder); 6
+    writers at once share syncs (fewer than writes: the sync lets them run). A sync that
+    fails fails the write (an error, not an acknowledgement). At ``process`` no write
+    waits for a sync."""
+    store, shard, syncs = _watched("power", tmp_path / "power", monkeypatch)
     late: list[tuple[int, int]] = []
     rng = np.random.default_rng(2)
     vecs = unit(rng, 600, 8)
@@ -316,30 +335,30 @@ def test_power_durability_acknowledges_a_write_only_after_a_flush_that_covers_it
     def writer(w: int) -> None:
         for n in range(20):
             store.upsert("g", [Item(f"w{w}-{n}", {"image": vecs[w * 100 + n]})], "v", "s")
-            if shard.flushed_upto < shard.mine.last:
-                late.append((shard.mine.last, shard.flushed_upto))
+            if syncs.synced_upto < shard.mine.last:
+                late.append((shard.mine.last, syncs.synced_upto))
         store.delete("g", [f"w{w}-0"])
-        if shard.flushed_upto < shard.mine.last:
-            late.append((shard.mine.last, shard.flushed_upto))
+        if syncs.synced_upto < shard.mine.last:
+            late.append((shard.mine.last, syncs.synced_upto))
 
     threads = [threading.Thread(target=writer, args=(w,)) for w in range(6)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert not late, f"acknowledged before their flush: {late[:5]}"
-    assert 1 <= shard.flushes <= shard.updates == 6 * 21
-    assert store.client.syncs == shard.flushes and store.count("g") == 6 * 19
-    shard.fail = True
+    assert not late, f"acknowledged before their sync: {late[:5]}"
+    assert 1 <= syncs.log_syncs < shard.updates == 6 * 21
+    assert store.client.syncs == syncs.log_syncs and store.count("g") == 6 * 19
+    syncs.fail = True
     with pytest.raises(OSError, match="Input/output"):
         store.upsert("g", [Item("refused", {"image": vecs[0]})], "v", "s")
     store.close()
 
-    quick, seen = _watched("process", tmp_path / "process")
+    quick, _, seen = _watched("process", tmp_path / "process", monkeypatch)
     quick.upsert("g", [Item("a", {"image": vecs[0]})], "v", "s")
     seen.fail = True  # never asked for
     quick.upsert("g", [Item("b", {"image": vecs[1]})], "v", "s")
-    assert seen.flushes == 0 and quick.client.syncs == 0 and quick.count("g") == 2
+    assert seen.log_syncs == 0 and quick.client.syncs == 0 and quick.count("g") == 2
     quick.close()
 
 
