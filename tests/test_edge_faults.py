@@ -408,7 +408,7 @@ class _ServerCalls(QdrantClient):
                                             **kwargs)  # type: ignore[arg-type]
 
 
-def test_every_backend_gets_the_same_collections_hnsw_and_keyword_indexes() -> None:
+def test_every_backend_gets_the_same_collections_hnsw_and_keyword_indexes(tmp_path) -> None:
     """The store makes a collection the same way on a server as on Edge: its HNSW (m,
     ef_construct) and a keyword index on every key it filters and counts on, for the
     gallery and for a migration's side."""
@@ -421,17 +421,12 @@ def test_every_backend_gets_the_same_collections_hnsw_and_keyword_indexes() -> N
                                               on_disk=True)) for key in INDEXED)]
     assert client.calls == want * 2
     store.close()
-    edge = EdgeClient(Path(os.environ.get("TMPDIR", "/tmp")) / f"edge-{os.getpid()}",
-                      indexer=False)
+    edge = EdgeClient(tmp_path, indexer=False)
     try:
-        s = GalleryStore(edge, serialise=False)
-        s.create("g", 8)
-        c = edge._collection("g")
-        assert set(INDEXED) <= set(c.shard.info().payload_schema)
+        GalleryStore(edge, serialise=False).create("g", 8)
+        assert set(INDEXED) <= set(edge._collection("g").shard.info().payload_schema)
     finally:
         edge.close()
-        import shutil
-        shutil.rmtree(edge.root, ignore_errors=True)
 
 
 def test_a_spooled_batch_is_on_disk_before_it_is_handed_over_at_power(tmp_path,

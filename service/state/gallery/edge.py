@@ -126,6 +126,15 @@ class IncompleteStore(Unavailable):
     """A directory ``store move`` did not finish."""
 
 
+def fsync_path(path: Path) -> None:
+    """Put ``path`` (a file, or a folder's entries) on disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_json_durably(path: Path, data: Any) -> None:
     """``path`` rewritten whole: a temporary file, fsync, rename, fsync of the folder."""
     tmp = path.with_name(f"{path.name}.tmp")
@@ -134,11 +143,7 @@ def write_json_durably(path: Path, data: Any) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    fsync_path(path.parent)
 
 
 def read_move_marker(root: Path) -> dict[str, Any] | None:
@@ -299,10 +304,10 @@ class EdgeClient:
                 os.rename(retired, path)
             shard = edge.EdgeShard.load(str(path))
             _indexed(shard)  # a collection made before an index was added gets it now
-            self._open[name] = _Collection(shard, dict(sizes), path)
             # what was not indexed before the restart is due again (after ``quiet_s``)
-            self._open[name].changed = _unindexed(shard, len(sizes))
-            self._open[name].last_write = time.monotonic()
+            self._open[name] = _Collection(shard, dict(sizes), path,
+                                           changed=_unindexed(shard, len(sizes)),
+                                           last_write=time.monotonic())
         serving = {c.path for c in self._open.values()}
         # what the catalog does not name: an interrupted create or drop, a generation an
         # interrupted build made or one it replaced, an unfinished copy
@@ -467,13 +472,11 @@ class EdgeClient:
                              field_schema: Any = None, **_: Any) -> bool:
         """A keyword index on ``field_name`` (the only kind the store asks for): kept
         in memory, or mapped from disk and read in at load with ``on_disk``."""
-        keyword = models.PayloadSchemaType.KEYWORD
-        on_disk = isinstance(field_schema, models.KeywordIndexParams) and bool(
-            field_schema.on_disk)
-        if not (field_schema in (None, keyword) or isinstance(
-                field_schema, models.KeywordIndexParams)):
+        params = isinstance(field_schema, models.KeywordIndexParams)
+        if not params and field_schema not in (None, models.PayloadSchemaType.KEYWORD):
             raise ValueError(f"only keyword payload indexes are supported here, got "
                              f"{field_schema!r}")
+        on_disk = params and bool(field_schema.on_disk)
         c = self._collection(collection_name)
         with c.writes, c.lock.shared():
             if field_name not in c.shard.info().payload_schema:
@@ -736,19 +739,9 @@ def _sync_log(shard_dir: Path) -> None:
     the folder (a segment it created). ``os.fsync`` lets other threads run meanwhile."""
     wal = shard_dir / "wal"
     for f in sorted(wal.iterdir()):
-        try:
-            fd = os.open(f, os.O_RDONLY)
-        except FileNotFoundError:  # a segment the log retired meanwhile
-            continue
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    fd = os.open(wal, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        with contextlib.suppress(FileNotFoundError):  # a segment retired meanwhile
+            fsync_path(f)
+    fsync_path(wal)
 
 
 def _unindexed(shard: Any, kinds: int) -> int:
