@@ -16,7 +16,9 @@ from qdrant_client import models
 from test_migration import migrate, migrating_stack, migration, up_version, world  # noqa: F401
 from test_worker import wait_for, worker_process
 
+from service.jobkinds.migrate import record as records
 from service.jobkinds.migrate.lifecycle import OPERATOR, TRANSITIONS, allowed, phase_of, require
+from service.jobkinds.migrate.record import MigrationState
 from service.state.errors import Conflict
 from service.state.jobs.store import Job
 from service.state.jobs.workers import write_beat
@@ -49,7 +51,7 @@ CASES = [  # (registry state, job status, job result) -> phase
     ("backfilling", "running", {}, "backfilling"),
     ("backfilling", "queued", {}, "backfilling"),
     ("switched", "running", {}, "serving"),
-    ("switched", "cancelled", {"stopped": True}, "stopped"),
+    ("switched", "cancelled", {}, "stopped"),
     ("switched", "failed", {}, "stopped"),
     ("backfilling", "succeeded", {}, "awaiting"),
     ("backfilling", "failed", {"gate_failed": True}, "awaiting"),
@@ -60,16 +62,22 @@ CASES = [  # (registry state, job status, job result) -> phase
 ]
 
 
+def _record(gate_failed: bool = False) -> MigrationState:
+    return MigrationState(job="job-000000000001", gallery="shapes", listed=48,
+                          gate_failed=gate_failed)
+
+
 @pytest.mark.parametrize(("state", "status", "result", "phase"), CASES)
 def test_every_phase_allows_exactly_its_transitions(state, status, result, phase) -> None:
-    m, job = _migration(state), _job(status, **result)
-    assert phase_of(m, job) == phase
+    m, job = _migration(state), _job(status)
+    record = _record(**result)
+    assert phase_of(m, job, record) == phase
     for action in OPERATOR:
         if action in EXPECTED[phase]:
-            assert require("shapes", m, job, action) == phase
+            assert require("shapes", m, job, action, record) == phase
         else:
             with pytest.raises(Conflict) as refused:
-                require("shapes", m, job, action)
+                require("shapes", m, job, action, record)
             message = refused.value.message
             assert f"cannot {action}" in message and f"it is {phase}" in message
             assert "allowed now: " + (", ".join(a for a in OPERATOR if a in EXPECTED[phase])
@@ -144,8 +152,8 @@ def test_the_switch_counts_re_embedded_items_on_the_side_not_writes(
     with migrating_stack(tmp_path, micro_versions, world, up_version) as (client, _):
         started = _filled(client, transformed=40, switched=False, **PROGRESSIVE)
         gw = client.app.state.gateway  # type: ignore[attr-defined]
-        gw.jobs.update(started["id"], lambda j: j.merged(result={
-            "backfill_planned": True, "switch_at": 0.5, "applied": 2 * ITEMS}))
+        gw.jobs.update(started["id"], lambda j: j.merged(result={"applied": 2 * ITEMS}))
+        records.merge(gw.jobs, started["id"], backfill_planned=True, switch_at=0.5)
         for _ in range(15):  # the applier ticks every 0.2 s
             assert migration(client)["state"] == "backfilling"
             time.sleep(0.2)
@@ -185,9 +193,10 @@ def test_after_a_switch_the_side_is_checked_again_and_switched_back(
                           relevant={"t2i": eye, "i2t": eye})
         sim = Simulation(items, queries, {"image": list(range(n)), "text": list(range(n))},
                          {"t2i": np.arange(n), "i2t": np.arange(n)}, n)
-        sim.save(gw.jobs.work_dir(started["id"]) / VALIDATION, "random", ["t2i", "i2t"])
-        gw.jobs.update(started["id"], lambda j: j.merged(result={
-            "backfill_planned": True, "switch_at": 0.2, "switched_at_fraction": 0.2}))
+        sim.save(records.folder(gw.jobs, started["id"]) / VALIDATION, "random",
+                 ["t2i", "i2t"])
+        records.merge(gw.jobs, started["id"], backfill_planned=True, switch_at=0.2,
+                      switched_at_fraction=0.2)
         # The registry's switch back lands a moment before the job records it: wait for both.
         view = wait_for(lambda: (v := migration(client))["state"] == "backfilling"
                         and "switched_back_at_fraction" in v["result"] and v,
@@ -215,7 +224,8 @@ def test_a_failed_end_gate_after_a_progressive_switch_fails_and_switches_back(
         gw = client.app.state.gateway  # type: ignore[attr-defined]
         gw.jobs.add_shards(started["id"], [{"task": "gate", "start": None, "end": None,
                                             "total": 0}])
-        gate = {"passed": False, "checks": [
+        target = migration(client)["target"]["collection"]
+        gate = {"passed": False, "gallery": "shapes", "target": target, "checks": [
             {"direction": "t2i", "migrated": 0.2, "routed": 0.5, "passed": False},
             {"direction": "i2t", "migrated": 0.6, "routed": 0.5, "passed": True}]}
         gw.jobs.update(started["id"], lambda j: replace(j, status="running", gate=gate, shards=[
@@ -275,21 +285,21 @@ def test_the_progressive_switch_does_not_wait_for_an_empty_spool(
     """Finding 10: a fast backfill keeps the spool busy; the switch is decided on the side
     (every item has a vector there), not delayed while batches wait to be written. The
     applier is slowed so that this test drives one step itself, with a batch waiting."""
-    from service.jobkinds.migrate import control
+    from service.jobkinds.migrate import drive
     from service.vectors.spool import SPOOL
 
     with migrating_stack(tmp_path, micro_versions, world, up_version,
                          apply_interval_s=3600) as (client, _):
         started = _filled(client, transformed=10, switched=False, **PROGRESSIVE)
         gw = client.app.state.gateway  # type: ignore[attr-defined]
-        gw.jobs.update(started["id"], lambda j: j.merged(result={
-            "backfill_planned": True, "switch_at": 0.5, "applied": 38}))
+        records.merge(gw.jobs, started["id"], backfill_planned=True, switch_at=0.5)
         waiting = gw.jobs.work_dir(started["id"]) / SPOOL / "0000-999999.npz"
         waiting.parent.mkdir(parents=True, exist_ok=True)
         waiting.write_bytes(b"a batch the applier has not written yet")
         record = gw.registry.gallery("shapes")
         job = gw.jobs.get(started["id"])
-        client.portal.call(control.drive, gw, record, job, "backfilling")
+        state = records.load(gw.jobs, started["id"])
+        client.portal.call(drive.drive, gw, record, job, state, "backfilling")
         view = migration(client)
         assert view["state"] == "switched" and view["phase"] == "serving"
         assert view["progress"]["switched_at_fraction"] == round(38 / 48, 4)

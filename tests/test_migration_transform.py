@@ -33,6 +33,7 @@ from test_migration import (
 )
 from test_worker import job, wait_for, worker_process
 
+from service.jobkinds.migrate import record as records
 from service.jobkinds.migrate.transform import ORDER
 
 
@@ -85,7 +86,8 @@ def test_a_transformed_side_is_written_then_replaced_in_the_promised_order(
         assert started["shards"][0]["total"] == 12
         view = wait_for(lambda: transformed_and_running(client), 90, "the transform", proc)
         target = view["target"]["collection"]
-        work = client.app.state.gateway.jobs.work_dir(started["id"])  # type: ignore[attr-defined]
+        gw = client.app.state.gateway  # type: ignore[attr-defined]
+        work = records.folder(gw.jobs, started["id"])
         order = json.loads((work / ORDER).read_text())
         assert order["order"] == "learned" and len(order["ids"]) == ITEMS - 12
         # Every point says how it was made: the sample embedded by 'up', the rest mapped.
@@ -119,7 +121,8 @@ def test_a_transformed_side_is_written_then_replaced_in_the_promised_order(
         assert store.count(target) == ITEMS  # replaced in place: no duplicate points
         made = target_made(client, target)
         assert all(m.get("by") == "embed" for m in made.values())
-        assert done["progress"]["transformed"] == ITEMS - 12
+        assert done["result"]["transformed"] == ITEMS - 12  # the transformed writes
+        assert done["progress"]["transformed"] == 0  # none holds a transformed vector now
         assert [s["task"] for s in job(client, started["id"])["shards"]] == [
             "transform", "backfill", "gate"]
 
@@ -189,7 +192,9 @@ def test_no_progressive_switch_when_the_side_never_beats_the_route(
         ended = states.index("switched") if "switched" in states else len(states)
         assert set(states[:ended]) <= {"backfilling"} and set(states[ended:]) <= {"switched"}
         assert view["progress"]["switch_at"] is None
-        assert view["progress"]["switched_at"] is None  # no progressive switch happened
+        history = client.get("/v1/galleries/shapes", headers=ADMIN).json()["history"]
+        assert [e["reason"].split(":")[0] for e in history if e["action"] == "migrate"] == [
+            "auto_switch"]  # one switch, at the end: no progressive switch happened
         assert view["state"] == "switched" and view["result"]["switched_at_fraction"] == 1.0
 
 
@@ -205,7 +210,8 @@ def test_a_killed_worker_resumes_the_ordered_backfill(micro_versions, world, up_
                      "backfill progress", proc)
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        work = client.app.state.gateway.jobs.work_dir(started["id"])  # type: ignore[attr-defined]
+        gw = client.app.state.gateway  # type: ignore[attr-defined]
+        work = records.folder(gw.jobs, started["id"])
         order = json.loads((work / ORDER).read_text())["ids"]
         with worker_process(values, tmp_path / "worker1.log") as proc:
             done = wait_for(lambda: switched_and_done(client), 180, "the switch after a kill",
@@ -240,10 +246,10 @@ def test_an_image_only_gallery_decides_its_switch_on_text_to_image_alone(
         view = wait_for(lambda: (v := migration(client))["progress"].get("curve") and v, 120,
                         "the validation curve", proc)
         p = view["progress"]
-        assert view["result"]["curve_directions"] == ["t2i"]
+        assert view["record"]["curve_directions"] == ["t2i"]
         assert all(set(point) == {"fraction", "t2i"} for point in p["curve"])
         assert set(p["routed"]) == {"t2i"}
-        validation = view["result"]["curve_validation"]
+        validation = view["record"]["curve_validation"]
         assert validation["directions"] == ["t2i"] and set(validation["distractors"]) == {
             "image"}
         r = client.post("/v1/galleries/shapes/migration/cancel", headers=ADMIN)

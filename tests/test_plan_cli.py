@@ -82,7 +82,7 @@ def plan_record() -> dict[str, Any]:
                       "params": {"transform": True, "order": "learned",
                                  "switch": "progressive", "sample": 100, "seed": 0}},
                served={f: mix(0.75) if f < 0.2 else mix(0.75 + 0.25 * f) for f in GRID},
-               switch_at=0.2, overhead_fraction=0.05),
+               switch_at=0.2, overhead_fraction=0.05, before=mix(0.75)),
     ]
     plan = make_plan(options, Scorer(old, new, seed=0), Costs(1000, 100, 2.0),
                      Constraints(budget=0.5, max_added_latency_ms=1.0), old, new)

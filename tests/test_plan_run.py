@@ -87,6 +87,25 @@ def test_the_baseline_is_the_stored_vectors_seen_through_the_serving_route(
     assert naive != expected
 
 
+def test_no_slerp_route_is_offered_when_the_gallery_is_served_through_a_route(
+        plan_of_routes) -> None:
+    """SLERP mixes NEW's routed query with OLD's own query in the gallery's space; served
+    through 'r3' (a route from space v3), the gallery has no native OLD query to mix: the
+    "+slerp" routes are listed, not measured, not applicable, the reason in their note;
+    the plain routes are measured and applicable."""
+    rows = {r["name"]: r for r in plan_of_routes["plan"]["options"]}
+    for method in ("procrustes", "affine", "residual-mlp"):
+        plain, mixed = rows[f"route:{method}"], rows[f"route:{method}+slerp"]
+        assert plain["measured"] and plain["applicable"]
+        assert plain["apply"]["config"]["slerp_t"] == 0.0
+        assert not mixed["measured"] and not mixed["applicable"] and mixed["apply"] is None
+        assert mixed.get("R@1") is None and not mixed["recommended"]
+        assert "'r3' through a route" in mixed["note"]
+        assert "no native old query" in mixed["note"]
+    assert all(r["apply"]["route"] != "route:procrustes+slerp" for r in rows.values()
+               if r["kind"] == "migration")
+
+
 def test_a_migration_is_weighed_over_time_its_fits_included() -> None:
     """Two migrations with the same curve over their backfill: the one that first spends
     1.4 backfills on fits (the route serving meanwhile) delivers less over time."""
@@ -100,7 +119,7 @@ def test_a_migration_is_weighed_over_time_its_fits_included() -> None:
 
     def migration(overhead: float) -> Option:
         return Option("m", "migration", "", compute_seconds=1.0, compute_fraction=1 + overhead,
-                      hits=new, served=served, overhead_fraction=overhead)
+                      hits=new, served=served, overhead_fraction=overhead, before=old)
 
     plain, fitted = migration(0.0), migration(1.4)
     by_fraction = scorer.area(served)[0]
@@ -108,6 +127,47 @@ def test_a_migration_is_weighed_over_time_its_fits_included() -> None:
     fitted_t, _ = time_averaged(scorer, fitted, 2.4)
     assert fitted_t < plain_t  # over the fraction of the backfill alone they are equal
     assert time_averaged(scorer, plain, 1.0)[0] == pytest.approx(by_fraction)
+
+
+def test_during_a_migrations_fits_the_route_serves_not_its_side_at_fraction_0() -> None:
+    """A transform migration whose side at fraction 0 (every item transformed) already
+    beats the route by far, switching there: over its overhead (half the horizon: its
+    fits, before the side exists) the route serves, so the time average holds the
+    route's score there and the side's only after, and the worst negative flip is the
+    route's where it is worse than the side's."""
+    from training.upgrades.plan.build import Costs, make_plan
+
+    rng = np.random.default_rng(1)
+    n = 600
+    old = {d: rng.random(n) < 0.3 for d in ("t2i", "i2t")}
+    new = {d: old[d] | (rng.random(n) < 0.6) for d in old}
+    pick = rng.random(n)
+    route = {d: np.where(pick < 0.1, new[d], old[d] & (pick > 0.2)) for d in old}
+    side = {d: np.where(pick < 0.9, new[d], old[d]) for d in old}
+    scorer = Scorer(old, new, "lower", seed=0)
+    route_s, route_draws = scorer.score(route)
+    side_s, side_draws = scorer.score(side)
+    assert side_s > route_s + 0.5  # the side at 0.0 scores much higher than the route
+    served = {f: side for f in (0.0, 0.5, 1.0)}  # switched at 0: the side throughout
+    option = Option("migrate:transform+learned", "migration", "", compute_seconds=2.0,
+                    compute_fraction=2.0, hits=new, served=served, switch_at=0.0,
+                    overhead_fraction=1.0, before=route)
+    value, draws = time_averaged(scorer, option, 2.0)
+    # the route over [0, 1] (the fits), the side over [1, 2] (its backfill)
+    assert value == pytest.approx((route_s + side_s) / 2)
+    assert np.allclose(draws, (route_draws + side_draws) / 2, equal_nan=True)
+    assert value < side_s - 0.25  # not the side's score over the whole run
+    with pytest.raises(ValueError, match="before"):  # an overhead needs what serves then
+        time_averaged(scorer, Option("m", "migration", "", 2.0, 2.0, hits=new, served=served,
+                                     overhead_fraction=1.0), 2.0)
+
+    plan = make_plan([option], scorer, Costs(n, n, 1.0), Constraints(), old, new)
+    row = plan["options"][0]
+    assert row["mean_share_during"] == pytest.approx(value, abs=1e-4)
+    from training.upgrades.transform.simulate import negative_flip
+    flips = {d: negative_flip({"old->old": old, "x": h}, "x", "old->old", d)
+             for h, d in ((route, "t2i"), (route, "i2t"))}
+    assert row["negative_flip"] == pytest.approx(flips, abs=1e-4)
 
 
 def test_the_plan_offers_rerank_on_read_for_each_k(plan_of_routes) -> None:

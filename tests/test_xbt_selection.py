@@ -20,7 +20,7 @@ from training.contrastive import train_contrastive
 from training.data import PairDataset, generate_items
 from training.encoders import Encoder, ModelSpec, create_tokenizer
 from training.errors import ConfigError, DataError
-from training.evaluate import cross_metrics, score_difference_se
+from training.evaluate import cross_metrics
 from training.routes import native_model
 from training.trainer import TrainConfig
 from training.upgrades.artifact import ADAPTERS_FILE, write_upgrade
@@ -183,21 +183,6 @@ def test_hold_out_is_disjoint_seeded_and_refuses_a_too_small_set(pairs) -> None:
 
 def hits(t2i: list[bool], i2t: list[bool]) -> dict[str, np.ndarray]:
     return {"t2i": np.array(t2i), "i2t": np.array(i2t)}
-
-
-def test_the_score_difference_error_is_paired_and_shrinks_with_more_queries() -> None:
-    base = hits([True, False] * 50, [True, False] * 50)
-    assert score_difference_se(base, base) == 0.0  # the same route: no difference at all
-    one_flip = hits([True, True] + [True, False] * 49, [True, False] * 50)  # one gained
-    small = score_difference_se(base, one_flip)
-    assert 0.0 < small < 0.01
-    wide = hits([True, False] * 50, [False, True] * 50)  # every image query changed
-    assert score_difference_se(base, wide) > 0.04
-    big = {k: np.tile(v, 10) for k, v in base.items()}
-    assert score_difference_se(big, {k: np.tile(v, 10) for k, v in wide.items()}) < 0.02
-    assert score_difference_se(base, wide, seed=3) == score_difference_se(base, wide, seed=3)
-    with pytest.raises(DataError, match="after_top1_ok"):
-        score_difference_se(base, hits([True] * 99, [True] * 100))
 
 
 class StubRoute:

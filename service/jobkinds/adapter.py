@@ -13,11 +13,12 @@ from typing import Any
 from pydantic import Field
 
 from service.jobkinds.admission import admit
-from service.jobkinds.base import JobKind, Params, RunContext, check_dataset
+from service.jobkinds.base import GatewayPort, JobKind, Params, RunContext, check_dataset, queue_job
 from service.jobkinds.model_ref import ModelRef, new_model
 from service.state.errors import InvalidInput
 from service.state.gallery.sample import read_sample, take_sample, write_sample
 from service.state.gallery.store import GalleryStore
+from service.state.jobs.store import Job
 from service.state.paths import Roots
 from service.state.registry import Registry
 from training.errors import NobackfillError
@@ -58,6 +59,37 @@ class AdapterParams(Params):
         write_sample(sample, work)
 
 
+def check_slerp(registry: Registry, gallery: str, slerp_t: float) -> None:
+    """SLERP (``slerp_t`` > 0) mixes the route's query with the old model's own query in
+    the gallery's space: the route carries the gallery's active version and runs it
+    natively. A gallery served through a route (its active version native to another
+    space) has no native old query to mix: InvalidInput, naming why."""
+    if slerp_t <= 0:
+        return
+    record = registry.gallery(gallery)
+    active = registry.version(record.active)
+    if active.space != record.space:
+        raise InvalidInput(
+            f"adapter job: slerp_t={slerp_t:g} mixes the route's query with the old model's "
+            f"own query in space '{record.space}', but gallery '{gallery}' is served by "
+            f"'{active.version_id}' through a route (its native space is '{active.space}'): "
+            f"there is no native old query to mix; set slerp_t=0")
+
+
+async def start(gateway: GatewayPort, job: Job, params: AdapterParams) -> Job:
+    """Refuse SLERP on a gallery served through a route (``check_slerp``: nothing is
+    left behind), then take the sample and queue (``queue_job``)."""
+    import asyncio
+
+    try:
+        await asyncio.to_thread(check_slerp, gateway.registry, job.gallery,
+                                params.fit_config().slerp_t)
+    except InvalidInput:
+        await asyncio.to_thread(gateway.jobs.delete, job.id)
+        raise
+    return await queue_job(gateway, job, params)
+
+
 def run(ctx: RunContext) -> dict[str, Any]:
     from training.upgrades.adapter.fit import fit_adapter
 
@@ -65,6 +97,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
     registry = Registry(ctx.settings.registry_dir)
     gallery = registry.gallery(ctx.job.gallery)
     cfg = p.fit_config()
+    check_slerp(registry, ctx.job.gallery, cfg.slerp_t)  # the gallery may have moved since
     ctx.heartbeat.progress = {"stage": "read sample"}
     roots = Roots.of(ctx.settings)
     sample, skipped = sources_of(read_sample(ctx.store.work_dir(ctx.job.id)),
@@ -139,4 +172,4 @@ def kept_originals(settings: Any) -> Callable[[str], Any]:
     return lambda uri: open_origin_image(uri, sources, roots)
 
 
-KIND = JobKind("adapter", AdapterParams, run)
+KIND = JobKind("adapter", AdapterParams, run, start=start)

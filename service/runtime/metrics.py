@@ -2,7 +2,7 @@
 may scrape from what describes the deployment:
 
 - ``registry``, process-level and public: requests and latency by route template and
-  status, encoder batch sizes. Their labels are bounded and name no gallery or version.
+  status, encoder batch sizes, rerank embeddings refused (over a search's limit). Their labels are bounded and name no gallery or version.
 - ``gallery_registry``, gallery-level, for the read key or an admin key only (like
   ``/readyz``'s details): the version serving each gallery, swaps per gallery, load
   errors per version. A gallery's series go when it is deleted, a version's when it is
@@ -35,6 +35,10 @@ class Metrics:
                                  registry=self.registry)
         self.batch_size = Histogram("nobackfill_batch_size", "items per encoder forward",
                                     ["modality"], buckets=BATCH_BUCKETS, registry=self.registry)
+        self.rerank_embeds_refused = Counter(
+            "nobackfill_rerank_embeds_refused", "rerank candidates the new side lacked that "
+            "a search did not embed: past its rerank_embed_max_per_request (they kept the "
+            "route's place)", registry=self.registry)
         self.gallery_registry = CollectorRegistry()  # with the read key or an admin key
         self.active = Gauge("nobackfill_active_version", "1 for the version serving a gallery",
                             ["gallery", "version", "space"], registry=self.gallery_registry)

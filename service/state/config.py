@@ -59,6 +59,21 @@ class Settings(BaseSettings):
     # (past it, those keep the route's order; their embedding still finishes and fills).
     rerank_k: int = Field(20, ge=1, le=1000)
     rerank_budget_ms: float = Field(250.0, gt=0, le=60_000)
+    rerank_k_max: int = Field(
+        100, ge=1, le=1000, description="largest rerank_k a search may ask for (more: 422); "
+        "a migration's or the server's rerank_k above it is cut to it. A search whose top_k "
+        "exceeds its rerank_k (its migration's, or the server's) has NEW rank "
+        "min(top_k, rerank_k_max) candidates; the rest of its top_k follow in the route's "
+        "order")
+    rerank_embed_max_per_request: int = Field(
+        32, ge=0, le=1000, description="items one reranked search may start embedding for "
+        "the new side (each with every kind it has); the candidates past it that the new "
+        "side lacks keep their place in the route's order, are not queued, and count in "
+        "nobackfill_rerank_embeds_refused_total (a search joining an embedding another "
+        "search started costs nothing); 0: a search never embeds, it reranks what the new "
+        "side holds. Default 32: at least the default rerank_k (20), so a default rerank "
+        "embeds all its candidates, and the default batch_max_size, so one search's fills "
+        "make at most one forward per kind")
     rerank_score: Literal["new", "fused"] = Field(
         "new", description="how a rerank ranks the candidates: new (the new model's cosine) "
         "or fused (the new model's cosine plus the route's; bench frontier, 50,000 items, two "

@@ -6,7 +6,7 @@ Every ``apply_interval_s``: apply the spool of each unfinished job of a kind tha
 (``JobKind.spools``: ``ingest``, ``migrate``; under the gallery's write lock), then call
 its kind's ``finish`` (an ``ingest`` job whose spool is all written succeeds), queue again
 the shards of workers that went silent, and run each kind's ``tick`` (a backfilling
-migration moves one step: ``service.jobkinds.migrate.control.drive``). Replicas share the work through a lock
+migration moves one step: ``service.jobkinds.migrate.drive``). Replicas share the work through a lock
 on the shared volume: one applies at a time.
 """
 

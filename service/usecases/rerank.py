@@ -10,13 +10,18 @@ by the new model's ranking of the route's candidates.
 3. The ``k`` ranked by NEW's score of NEW's own query (with ``rerank_score: fused``, plus
    the route's score of the candidate), under one rule for every candidate
    without a NEW vector (its source cannot be read, it was deleted meanwhile, or its
-   embedding did not finish within ``rerank_budget_ms``): **it keeps its place in the
+   embedding did not finish within ``rerank_budget_ms``, or it was past the search's
+   embedding limit, ``rerank_embed_max_per_request``): **it keeps its place in the
    route's order**, and the candidates NEW scored fill the other places in NEW's order.
    No candidate is ever dropped, and past the budget the answer is the route's order
    with the finished ones reranked among themselves.
 
 An item is embedded at most once at a time in a process (single flight, keyed by the new
 side and the item): a second search that needs it waits for the first one's embedding.
+A search starts at most ``rerank_embed_max_per_request`` embeddings (its best-placed
+candidates the new side lacks; joining a running one is free): the others are not
+queued (a later search may embed them), and ``nobackfill_rerank_embeds_refused`` counts
+them, so one search cannot queue more work than that however large its ``k``.
 The candidates a search must embed go together (``_fill``): their sources read and
 decoded in a thread per core (each thread's images preprocessed as one stack,
 ``Embedder.pixels_many``), then submitted as one group: the dynamic batcher makes one
@@ -46,6 +51,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from service.jobkinds.migrate.record import folder as migration_folder
 from service.runtime.embedder import Embedder
 from service.runtime.gateway import Gateway
 from service.state.errors import Conflict, InvalidInput, ServiceError
@@ -95,11 +101,12 @@ class Reranked:
     kept: list[str] = field(default_factory=list)  # kept their route place: no NEW vector
     budget_ms: float = 0.0
     over_budget: int = 0  # of ``kept``: still embedding when the budget ran out
+    embeds_refused: int = 0  # of ``kept``: not embedded, past the search's embedding limit
 
     def to_json(self) -> dict[str, Any]:
         return {"k": self.k, "read": self.read, "embedded": self.embedded,
                 "kept_route_place": self.kept, "over_budget": self.over_budget,
-                "budget_ms": self.budget_ms}
+                "embeds_refused": self.embeds_refused, "budget_ms": self.budget_ms}
 
 
 def rerank_side(serving: Any) -> Any:
@@ -124,8 +131,12 @@ async def rerank(gateway: Gateway, serving: Any, candidates: list[Hit], query_ne
         _read, gateway, serving.collection, other.collection, candidates, kind)
     new = {item: vectors[item][kind] for item in ids if kind in vectors.get(item, {})}
     report.read = len(new)
-    flights = _flights(gateway, serving, other, kind,
-                       [source[item] for item in ids if item not in new and item in source])
+    flights, report.embeds_refused = _flights(
+        gateway, serving, other, kind,
+        [source[item] for item in ids if item not in new and item in source],
+        gateway.settings.rerank_embed_max_per_request)
+    if report.embeds_refused:
+        gateway.metrics.rerank_embeds_refused.inc(report.embeds_refused)
     if flights:
         left = max(0.0, budget / 1e3 - (time.perf_counter() - started))
         wanted = {item: flight.of(kind) for item, flight in flights.items()}
@@ -183,20 +194,25 @@ def _current(source: Stored | None, target: Stored | None) -> bool:
 
 
 def _flights(gateway: Gateway, serving: Any, other: Any, kind: str, items: list[Stored],
-             ) -> dict[str, _Flight]:
+             most: int) -> tuple[dict[str, _Flight], int]:
     """Each item's one embedding into the new side in this process (single flight): a
     running one is joined; the others start together, as one group (``_fill``), ``kind``
-    (what the search ranks by) first. A flight ends once what it embedded is written."""
+    (what the search ranks by) first, at most ``most`` of them (the first of ``items``,
+    the route's best placed): the rest get no flight. A flight ends once what it
+    embedded is written. Returns the flights and how many items got none (refused)."""
     flights: dict[str, _Flight] = {}
-    group = []
+    group: list[Stored] = []
+    refused = 0
     for stored in items:
         running = _INFLIGHT.get((other.collection, stored.id))
         if running is not None and not running.task.done():
             flights[stored.id] = running
-        else:
+        elif len(group) < most:
             group.append(stored)
+        else:
+            refused += 1
     if not group:
-        return flights
+        return flights, refused
     loop = asyncio.get_running_loop()
     embedded: dict[str, dict[str, asyncio.Future[np.ndarray | None]]] = {
         s.id: {k: loop.create_future() for k in KINDS if k in s.kinds} for s in group}
@@ -206,7 +222,7 @@ def _flights(gateway: Gateway, serving: Any, other: Any, kind: str, items: list[
         key = (other.collection, s.id)
         flight = _INFLIGHT[key] = flights[s.id] = _Flight(embedded[s.id], task)
         task.add_done_callback(functools.partial(_forget, key, flight))
-    return flights
+    return flights, refused
 
 
 def _forget(key: tuple[str, str], flight: _Flight, _task: Any = None) -> None:
@@ -227,7 +243,7 @@ async def _fill(gateway: Gateway, serving: Any, other: Any, group: list[Stored],
     kind at a time in ``order`` (``embedded[id][kind]`` gets each as soon as it is made, or
     None when its source cannot be read); then the items with every kind are written to
     the new side (etag rule, never over NEW's own vector) and recorded in the migration
-    job's ``FilledByReads`` (its backfill skips them)."""
+    migration's ``FilledByReads`` (its backfill skips them)."""
     origins = {s.id: origin_of(s.kinds, s.origin, s.payload) for s in group}
     made: dict[str, Vectors] = {s.id: {} for s in group}
     for kind in order:
@@ -297,7 +313,7 @@ def _write_fills(gateway: Gateway, serving: Any, other: Any,
                                  [{"id": s.id, "etag": s.etag} for s, _, _ in batch],
                                  {other.space: [v for _, v, _ in batch]}, made=made))
     if applied.ids and serving.migration_job:  # the backfill skips them
-        record_filled(gateway.jobs.work_dir(serving.migration_job), list(applied.ids))
+        record_filled(migration_folder(gateway.jobs, serving.migration_job), list(applied.ids))
     return set(applied.ids)
 
 

@@ -46,6 +46,7 @@ class Query:
     # None: as the gallery's migration serves; False: the route's order; True: rerank
     rerank: bool | None = None
     rerank_k: int | None = None  # None: the migration's k, else the server's rerank_k
+    # (grown to top_k, both bounded by the server's rerank_k_max: ``rerank_count``)
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ HYBRID_POOL = 4  # each side's candidates per hit asked for
 
 
 async def search(gateway: Gateway, gallery: str, query: Query) -> Answer:
-    check_query(query, gateway.settings.top_k_max)
+    check_query(query, gateway.settings.top_k_max, gateway.settings.rerank_k_max)
     serving = gateway.runtime.serving(gallery)
     embedder = serving.ready()  # 409 when the version has no route into the gallery's space
     if query.hybrid:
@@ -79,13 +80,17 @@ async def search(gateway: Gateway, gallery: str, query: Query) -> Answer:
     return Answer(gallery, embedder.version, embedder.route, embedder.space, query.kind, hits)
 
 
-def check_query(query: Query, top_k_max: int) -> None:
+def check_query(query: Query, top_k_max: int, rerank_k_max: int | None = None) -> None:
     if (query.text is None) == (query.image is None):
         raise InvalidInput("give exactly one of a text or an image query")
     if query.text is not None and not query.text.strip():
         raise InvalidInput("the query text is empty")
     if not 1 <= query.top_k <= top_k_max:
         raise InvalidInput(f"top_k must be between 1 and {top_k_max}, got {query.top_k}")
+    if rerank_k_max is not None and query.rerank_k is not None \
+            and not 1 <= query.rerank_k <= rerank_k_max:
+        raise InvalidInput(f"rerank_k must be between 1 and rerank_k_max ({rerank_k_max}), "
+                           f"got {query.rerank_k}")
 
 
 async def embed_query(embedder: Embedder, query: Query, settings: Settings) -> np.ndarray:
@@ -123,18 +128,33 @@ async def both_queries(gateway: Gateway, embedders: tuple[Embedder, Embedder],
 
 async def rerank_search(gateway: Gateway, serving: Any, embedder: Embedder,
                         query: Query) -> Answer:
-    """The route's top ``k`` candidates ranked by the new model (``rerank``); the answer's
-    ``top_k`` best of them, and what the rerank read, embedded and left in place."""
+    """The route's top ``k`` candidates (``rerank_count``) ranked by the new model
+    (``rerank``), followed by the rest of the route's ``top_k`` in the route's order (where
+    ``top_k`` is over ``k``); the answer's ``top_k`` best, and what the rerank read,
+    embedded and left in place."""
     other = rerank_side(serving)
-    k = query.rerank_k or serving.rerank_k or gateway.settings.rerank_k
-    if k < query.top_k:
-        raise InvalidInput(f"rerank_k ({k}) must be at least top_k ({query.top_k})")
+    k = rerank_count(query, serving.rerank_k, gateway.settings)
     vectors = await both_queries(gateway, (embedder, other.embedder), query)
-    candidates = await gateway.searches.search(serving.collection, vectors[0], query.kind, k,
-                                               query.where)
-    hits, report = await rerank(gateway, serving, candidates, vectors[1], query.kind, k)
+    candidates = await gateway.searches.search(serving.collection, vectors[0], query.kind,
+                                               max(k, query.top_k), query.where)
+    hits, report = await rerank(gateway, serving, candidates[:k], vectors[1], query.kind, k)
     return Answer(serving.gallery, embedder.version, "rerank", serving.space, query.kind,
-                  hits[:query.top_k], report.to_json())
+                  (hits + candidates[k:])[:query.top_k], report.to_json())
+
+
+def rerank_count(query: Query, migration_k: int | None, settings: Settings) -> int:
+    """How many of the route's candidates a search has the new model rank: the query's
+    ``rerank_k`` (422 below its ``top_k``; over ``rerank_k_max``, ``check_query``), else
+    the migration's or the server's ``rerank_k`` grown to ``top_k`` and cut to
+    ``rerank_k_max``: a search that does not name its ``rerank_k`` is never refused for
+    it (past ``rerank_k_max``, the rest of its ``top_k`` is the route's order)."""
+    if query.rerank_k is not None:
+        if query.rerank_k < query.top_k:
+            raise InvalidInput(f"rerank_k ({query.rerank_k}) must be at least top_k "
+                               f"({query.top_k})")
+        return min(query.rerank_k, settings.rerank_k_max)
+    k = migration_k or settings.rerank_k
+    return min(max(k, query.top_k), settings.rerank_k_max)
 
 
 async def hybrid_search(gateway: Gateway, serving: Any, embedder: Embedder,

@@ -1,6 +1,8 @@
 """A gallery's migration into its active version's native space (admin): start it (a
-``migrate`` job), watch it, switch, roll back, retire the old side, or cancel it before
-the switch (the target side is dropped; cancelling its job while it runs does the same)."""
+``migrate`` job), watch it, switch, roll back, retire the side that does not serve, pause
+or resume its backfill, or cancel it (before a switch the target side is dropped; after
+a progressive switch the backfill stops and can be resumed). Every action asks the
+lifecycle table: a refused one is a 409 that names the phase and what is allowed."""
 
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ from service.api.schemas.migrations import (
     SwitchIn,
 )
 from service.jobkinds.migrate import KIND as MIGRATE
-from service.jobkinds.migrate import control as migration
+from service.jobkinds.migrate import actions as migration
+from service.jobkinds.migrate.view import view
 from service.usecases import jobs
 
 router = APIRouter(prefix=f"{API_V1}/galleries/{{gallery}}/migration", tags=["migrations"])
@@ -35,7 +38,7 @@ async def start(gallery: str, body: MigrationIn, gateway: GatewayDep, admin: Adm
 @router.get("", response_model=MigrationOut)
 async def get(gallery: str, gateway: GatewayDep, _: AdminDep) -> MigrationOut:
     """State, sides, progress (done/total, items/s, ETA), gate and unreadable items."""
-    return MigrationOut.of(await migration.view(gateway, gallery))
+    return MigrationOut.of(await view(gateway, gallery))
 
 
 @router.post("/switch", response_model=MigrationOut)
@@ -45,7 +48,7 @@ async def switch(gallery: str, body: SwitchIn, gateway: GatewayDep,
     must be dropped). 409 while the backfill runs or items lack a new vector."""
     await migration.switch(gateway, gallery, by=admin, drop=list(body.drop), force=body.force,
                            reason=body.reason)
-    return MigrationOut.of(await migration.view(gateway, gallery))
+    return MigrationOut.of(await view(gateway, gallery))
 
 
 @router.post("/rollback", response_model=MigrationOut)
@@ -53,7 +56,7 @@ async def rollback(gallery: str, body: ReasonIn, gateway: GatewayDep,
                    admin: AdminDep) -> MigrationOut:
     """Serve from the old side again (its space, through the route) in one call."""
     await migration.rollback(gateway, gallery, by=admin, reason=body.reason)
-    return MigrationOut.of(await migration.view(gateway, gallery))
+    return MigrationOut.of(await view(gateway, gallery))
 
 
 @router.post("/retire", response_model=RetiredOut)
@@ -66,9 +69,12 @@ async def retire(gallery: str, gateway: GatewayDep, _: AdminDep) -> RetiredOut:
 
 @router.post("/cancel", status_code=204)
 async def cancel(gallery: str, gateway: GatewayDep, _: AdminDep) -> None:
-    """Abandon a migration before its switch (a running backfill stops; one that finished
-    without switching is undone at once): the new side is dropped, the gallery serves as
-    before. 409 after the switch (roll back, then retire instead)."""
+    """Before any switch: abandon the migration (a running backfill stops; one that
+    finished without switching is undone at once): the new side is dropped, the gallery
+    serves as before. After a progressive switch (phase serving, or rolled_back while the
+    backfill runs): the backfill stops where it is and the sides stay (phase stopped:
+    resume, roll back, or retire). 409 in any other phase (switched: roll back, then
+    retire)."""
     await migration.cancel(gateway, gallery)
 
 
@@ -78,7 +84,7 @@ async def pause(gallery: str, gateway: GatewayDep, _: AdminDep) -> MigrationOut:
     free the workers; the gallery serves as before, and with serving rerank its searches
     go on filling the new side. 409 when no backfill runs or it is paused already."""
     await migration.pause(gateway, gallery)
-    return MigrationOut.of(await migration.view(gateway, gallery))
+    return MigrationOut.of(await view(gateway, gallery))
 
 
 @router.post("/resume", response_model=MigrationOut)
@@ -88,4 +94,4 @@ async def resume(gallery: str, gateway: GatewayDep, _: AdminDep) -> MigrationOut
     transformed vectors, or none, are re-embedded). 409 in any other phase (the message
     lists what is allowed)."""
     await migration.resume(gateway, gallery)
-    return MigrationOut.of(await migration.view(gateway, gallery))
+    return MigrationOut.of(await view(gateway, gallery))

@@ -8,9 +8,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from service.api.schemas import FORCE_NEEDS_REASON, needs_reason
 from service.api.schemas.galleries import ItemId
-from service.jobkinds.migrate.control import MigrationView
-from service.jobkinds.migrate.lifecycle import OPERATOR, PHASES, allowed, phase_of
+from service.jobkinds.migrate.lifecycle import PHASES, options, phase_of
 from service.jobkinds.migrate.params import MigrateParams
+from service.jobkinds.migrate.view import MigrationView
 
 
 class MigrationIn(MigrateParams):
@@ -71,32 +71,42 @@ class MigrationOut(BaseModel):
     started_at: str
     started_by: str
     progress: dict[str, Any] = Field(description=(
-        "stage, done, total, items_per_s, eta_s, applied, unreadable; fraction (share of the "
-        "items re-embedded and written), order, switch, transformed (items holding a "
-        "transformed vector so far), switch_at (the fraction from which the validation curve "
-        "says the side beats the route), switched_at_fraction and switched_at (once switched); "
+        "stage, done, total, items_per_s, eta_s, paused (the shards); applied, unreadable "
+        "(the job's writes); reembedded (items on the target side with the new version's "
+        "own vectors, whoever wrote them), items (the gallery's), fraction (their ratio: "
+        "what the switch uses), listed, transformed (items holding a transformed vector), "
+        "filled_by_reads, filled_by_backfill (the rest of reembedded: the backfill and "
+        "writes), order, switch, switch_at (the fraction from which the validation curve "
+        "says the side beats the route), switched_at_fraction and switched_at (once "
+        "switched), switched_back_at_fraction; "
         "with a transform: transform (method, sample, metrics), curve [{fraction, t2i, i2t: "
         "{side, share: {share, se}}}], routed, share_estimate (the curve at the current "
         "fraction)"))
     gate: dict[str, Any] | None = Field(None, description="new->new against the route "
                                                           "new->old on the validation set")
     result: dict[str, Any] = Field(default_factory=dict, description=(
-        "applied, skipped, unreadable [{id, reason}], missing, switched, switch_refused"))
+        "the job's write counts (applied, skipped, transformed, unreadable [{id, reason}], "
+        "unreadable_count), then the record's: gate_failed, checks, switched_at_fraction, "
+        "switched_back_at_fraction, switched_back, resumed_items, and at the end missing, "
+        "switched, gate_passed, switch_refused, options"))
+    record: dict[str, Any] | None = Field(None, description=(
+        "the migration's own record as stored (listing, plan, transform outcome and curve, "
+        "switches and checks, the end's outcome): service/jobkinds/migrate/record.py"))
 
     @classmethod
     def of(cls, found: MigrationView) -> MigrationOut:
         m, job = found.migration, found.job
-        phase = phase_of(m, job)
+        phase = phase_of(m, job, found.state)
         return cls(gallery=found.gallery.name, state=m.state, phase=phase,
-                   phase_note=PHASES[phase], options=[
-                       a for a in OPERATOR if allowed(phase, a, job)],
+                   phase_note=PHASES[phase], options=options(phase, job, found.state),
                    job_error=job.error if job else None, serving=m.serving,
                    rerank_k=m.rerank_k, serving_space=found.gallery.space,
                    version=m.version, source=SideOut(**m.source.__dict__),
                    target=SideOut(**m.target.__dict__), job=m.job,
                    job_status=job.status if job else None, started_at=m.started_at,
                    started_by=m.by, progress=found.progress, gate=job.gate if job else None,
-                   result=job.result if job else {})
+                   result=found.result(),
+                   record=found.state.model_dump() if found.state else None)
 
 
 class RetiredOut(BaseModel):

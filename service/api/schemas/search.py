@@ -43,10 +43,14 @@ RERANK = ("while the gallery migrates and its new side does not serve yet: the r
           "rerank_k candidates ranked by the new model (their new vectors read from the new "
           "side, or embedded now from each item's kept source and written there); a "
           "candidate without one (unreadable source, or still embedding when "
-          "rerank_budget_ms ran out) keeps its place in the route's order. Omitted: as the "
+          "rerank_budget_ms ran out, or past the search's embedding limit, "
+          "rerank_embed_max_per_request) keeps its place in the route's order. Omitted: as the "
           "migration's serving mode says; false: the route's order; 409 without such a "
           "migration")
-RERANK_K = "candidates the new model ranks (at least top_k; default: the migration's, else 20)"
+RERANK_K = ("candidates the new model ranks: at least top_k and at most the server's "
+            "rerank_k_max (default 100), else 422. Omitted: the migration's, else the "
+            "server's rerank_k (20), raised to top_k and cut to rerank_k_max (the rest of "
+            "top_k then follows in the route's order)")
 # Not blank: checked where the query is built (usecases/search.py), stated here as well.
 Text = Annotated[str, StringConstraints(max_length=TEXT_MAX),
                  WithJsonSchema({"type": "string", "maxLength": TEXT_MAX, "pattern": r"\S"})]
@@ -125,7 +129,9 @@ class SearchResponse(BaseModel):
     reranked: dict[str, Any] | None = Field(None, description=(
         "with route 'rerank': k, read (new vectors read from the new side), embedded "
         "(embedded now and written there), kept_route_place (ids that kept the route's "
-        "place: no new vector), over_budget, budget_ms"))
+        "place: no new vector), over_budget (of those, still embedding when the budget ran "
+        "out), embeds_refused (of those, not embedded: past the search's embedding "
+        "limit), budget_ms"))
 
     @classmethod
     def of(cls, answer: Answer) -> SearchResponse:

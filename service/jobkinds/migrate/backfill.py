@@ -5,7 +5,7 @@ version natively (``service.vectors.backfill``), into the job's spool (the gatew
 them into the target side). The shard's cursor is saved after each batch, so a shard
 whose worker was killed resumes at the first batch it had not spooled (a batch spooled
 twice is the same upsert). Items a reranked search already embedded and wrote (the
-read-through fill, recorded in the job's ``FilledByReads``) are skipped, not embedded
+read-through fill, recorded in the migration's ``FilledByReads``) are skipped, not embedded
 again. While the job's backfill is paused (a lazy migration) the shard stops at its
 cursor (``Paused``) and the gateway queues it again on resume.
 
@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from service.jobkinds.base import RunContext
+from service.jobkinds.migrate import record as records
 from service.jobkinds.migrate.params import MigrateParams
 from service.state.jobs.shards import (
     PAUSED,
@@ -60,6 +61,7 @@ def run_backfill(ctx: RunContext) -> dict[str, Any]:
     p: MigrateParams = ctx.params
     work = ctx.store.work_dir(ctx.job.id)
     items = read_items(work, ctx.shard)
+    folder = records.folder(ctx.store, ctx.job.id)  # the migration's files (reads' fills)
     cursor = read_cursor(work, ctx.shard)
     registry = Registry(ctx.settings.registry_dir)
     migration = registry.gallery(ctx.job.gallery).migration
@@ -78,7 +80,7 @@ def run_backfill(ctx: RunContext) -> dict[str, Any]:
     if ctx.job.result.get(PAUSED):
         raise Paused(f"the backfill of job {ctx.job.id} is paused")
     heartbeat.advance(cursor, {"stage": "backfill"})
-    filled = FilledByReads(work)
+    filled = FilledByReads(folder)
 
     def advanced(position: int, batch: int, skips: int) -> None:
         write_cursor(work, shard, position)
@@ -108,11 +110,13 @@ def run_gate(ctx: RunContext) -> dict[str, Any]:
         raise RuntimeError(f"gallery '{ctx.job.gallery}' has no migration of job {ctx.job.id}")
     validation = p.validation or gallery.validation
     if validation is None:
-        return {"passed": False, "reason": f"gallery '{gallery.name}' has no validation set; "
+        return {"passed": False, "gallery": gallery.name, "target": m.target.collection,
+                "reason": f"gallery '{gallery.name}' has no validation set; "
                 "switch with force=true and a reason to override"}
     ctx.heartbeat.progress = {"stage": "gate"}
     target = registry.artifact(m.version)
-    old = registry.artifact(_gallery_version(registry, ctx.job.result.get("embedded_by") or {},
+    state = records.load(ctx.store, ctx.job.id)
+    old = registry.artifact(_gallery_version(registry, state.embedded_by if state else {},
                                              gallery.history, m.source.space))
     dataset = ctx.open_dataset(validation, "validation")
     cells = compatibility_of_artifacts([old, target], dataset)["cells"]
@@ -121,7 +125,8 @@ def run_gate(ctx: RunContext) -> dict[str, Any]:
     checks = [{"direction": d, "migrated": migrated[d]["R@1"], "routed": routed[d]["R@1"],
                "passed": migrated[d]["R@1"] >= routed[d]["R@1"] - 1e-12} for d in DIRECTIONS]
     return {"passed": all(c["passed"] for c in checks), "checks": checks, "metric": "R@1",
-            "version": m.version, "old_gallery_version": old.version_id,
+            "gallery": gallery.name, "target": m.target.collection, "version": m.version,
+            "old_gallery_version": old.version_id,
             "validation": validation, "validation_items": len(dataset)}
 
 

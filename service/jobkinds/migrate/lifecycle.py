@@ -1,19 +1,28 @@
 """A migration's life as one state machine: its phases, and which action moves it from
-one to another (every allowed transition is listed here, once; ``control`` has one
-function per transition and asks ``require`` before it changes anything).
+one to another (every allowed transition is listed here, once). Every transition, the
+operator's (``actions``: switch, rollback, retire, cancel, pause, resume) and the
+applier's (``drive``: progressive, switch_back, finish, gate_failed, fail, and the
+cancel it carries out: stop or undo), asks ``require`` before it changes anything; a
+refused one is a Conflict (409) naming the phase and what is allowed.
 
-A phase is read off two records: the registry's migration (which side serves:
+A phase is read off three records: the registry's migration (which side serves:
 ``backfilling`` = the source, ``switched`` = the target, ``rolled_back`` = the source
-again) and its job (the backfill runs, or ended and how). No third record is kept, so the
-two can never disagree with it.
+again), its job (the backfill runs, or ended and how) and the migration's own record
+(``record.MigrationState``: whether the job ended by its gate). No phase is stored, so
+none can disagree with them.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from service.state.errors import Conflict
 from service.state.jobs.shards import PAUSED
 from service.state.jobs.store import Job
 from service.state.registry.records import Migration
+
+if TYPE_CHECKING:
+    from service.jobkinds.migrate.record import MigrationState
 
 PHASES: dict[str, str] = {
     "backfilling": "the source side serves (through the route) while the backfill runs",
@@ -50,37 +59,42 @@ TRANSITIONS: dict[str, dict[str, str]] = {
     "awaiting": {"switch": "switched", "cancel": "ended"},
     "switched": {"rollback": "rolled_back", "retire": "ended"},
     "rolled_back": {"retire": "ended", "cancel": "rolled_back", "resume": "rolled_back",
-                    "pause": "rolled_back"},
+                    "pause": "rolled_back", "finish": "rolled_back"},
     "ended": {},
 }
 OPERATOR = ("switch", "rollback", "retire", "cancel", "pause", "resume")
 
 
-def phase_of(m: Migration | None, job: Job | None) -> str:
+def phase_of(m: Migration | None, job: Job | None,
+             state: MigrationState | None = None) -> str:
     """The phase of migration ``m`` whose job record is ``job`` (None: its record is gone,
-    the backfill cannot run)."""
+    the backfill cannot run) and whose own record is ``state``."""
     if m is None:
         return "ended"
     running = job is not None and not job.finished
     if m.state == "switched":
         if running:
             return "serving"
-        return "stopped" if _stopped(job) else "switched"
+        return "stopped" if _stopped(job, state) else "switched"
     if m.state == "rolled_back":
         return "rolled_back"
     if running:
         return "backfilling"
-    if job is None or job.status == "succeeded" or job.result.get("gate_failed"):
+    if job is None or job.status == "succeeded" or _gate_failed(state):
         return "awaiting"
     return "undoing"
 
 
-def _stopped(job: Job | None) -> bool:
+def _gate_failed(state: MigrationState | None) -> bool:
+    return state is not None and state.gate_failed
+
+
+def _stopped(job: Job | None, state: MigrationState | None) -> bool:
     """Its backfill ended before its end after a switch (cancelled, or a shard failed):
     resumable from where each shard stopped. (A job failed by its gate ended its
     backfill: an operator's forced switch after it is a plain switch.)"""
     return job is not None and (job.status == "cancelled" or (
-        job.status == "failed" and not job.result.get("gate_failed")))
+        job.status == "failed" and not _gate_failed(state)))
 
 
 def paused(job: Job | None) -> bool:
@@ -88,7 +102,8 @@ def paused(job: Job | None) -> bool:
     return job is not None and not job.finished and bool(job.result.get(PAUSED))
 
 
-def allowed(phase: str, action: str, job: Job | None = None) -> bool:
+def allowed(phase: str, action: str, job: Job | None = None,
+            state: MigrationState | None = None) -> bool:
     """Whether ``action`` is a transition out of ``phase`` (with the conditions the table
     cannot show: pause needs a running backfill that is not paused; resume a paused one,
     or in rolled_back a stopped one; in rolled_back, cancel needs a running backfill)."""
@@ -97,7 +112,7 @@ def allowed(phase: str, action: str, job: Job | None = None) -> bool:
     if action == "pause":
         return job is not None and not job.finished and not paused(job)
     if action == "resume" and phase != "stopped":
-        return paused(job) or (phase == "rolled_back" and _stopped(job))
+        return paused(job) or (phase == "rolled_back" and _stopped(job, state))
     if phase == "rolled_back" and action == "cancel":
         return job is not None and not job.finished
     if phase == "rolled_back" and action == "retire":
@@ -105,14 +120,20 @@ def allowed(phase: str, action: str, job: Job | None = None) -> bool:
     return True
 
 
-def require(gallery: str, m: Migration | None, job: Job | None, action: str) -> str:
+def options(phase: str, job: Job | None, state: MigrationState | None) -> list[str]:
+    """The operator's actions allowed in ``phase``."""
+    return [a for a in OPERATOR if allowed(phase, a, job, state)]
+
+
+def require(gallery: str, m: Migration | None, job: Job | None, action: str,
+            state: MigrationState | None = None) -> str:
     """The migration's phase, if ``action`` is allowed in it; else a Conflict that says the
     phase and what the operator can do instead."""
-    phase = phase_of(m, job)
-    if allowed(phase, action, job):
+    phase = phase_of(m, job, state)
+    if allowed(phase, action, job, state):
         return phase
-    options = [a for a in OPERATOR if allowed(phase, a, job)]
+    allowed_now = options(phase, job, state)
     if m is None:
         raise Conflict(f"gallery '{gallery}' has no migration to {action}")
     raise Conflict(f"cannot {action} the migration of gallery '{gallery}': it is {phase} "
-                   f"({PHASES[phase]}); allowed now: {', '.join(options) or 'nothing'}")
+                   f"({PHASES[phase]}); allowed now: {', '.join(allowed_now) or 'nothing'}")

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from service.jobkinds.base import RunContext
+from service.jobkinds.migrate import record as records
 from service.jobkinds.migrate.backfill import _gallery_version
 from service.jobkinds.migrate.params import MigrateParams
 from service.state.gallery.store import KINDS, GalleryStore
@@ -51,7 +52,6 @@ EXTRA = (0.01,)
 LISTING = "listing.json"  # a transformed migration's listed items, planned after the transform
 VALIDATION = "validation.npz"  # the curve's inputs, for the checks after a switch
 DISTRACTORS = 5000  # gallery items per kind the curve adds (at most the sample's size)
-LIVE_DISTRACTORS = 2000  # gallery items a check after the switch reads from both sides
 BOOT = 200
 SWITCH_RULE = ("switch at the first fraction from which the side beats the route beyond the "
                "paired error (one-sided bootstrap test at 5%, items resampled) in every "
@@ -186,15 +186,23 @@ def run_transform(ctx: RunContext) -> dict[str, Any]:
     sampled = {i["id"] for i in sample}
     keep = [n for n, i in enumerate(rest) if i not in sampled]  # the sample was tried once
     order = order_items(p.order, [rest[n] for n in keep], scores[keep], seed=p.seed)
-    write_order(work, p.order, [rest[keep[n]] for n in order])
+    folder = records.folder(ctx.store, ctx.job.id)  # the migration's files, beyond its job
+    write_order(folder, p.order, [rest[keep[n]] for n in order])
     ctx.heartbeat.advance(len(sample), {"stage": "transform: validation curve"})
     distractors = gallery_distractors(fitted, ids, old, collect.vectors, DISTRACTORS, p.seed)
     curve = validation_curve(ctx, record, fitted, p, distractors)
-    return {"result": {"transform": {
+    records.write_json(folder / records.TRANSFORMED, {"transform": {
         "method": cfg.method, "ensemble": cfg.ensemble, "sample": len(sample),
         "sample_embedded": len(collect.vectors), "transformed_items": transformed,
         "made": made, "metrics": fitted.metrics, "embed_seconds": round(embed_s, 2),
-        "map_seconds": round(map_s, 2)}, "order": p.order, **curve}}
+        "map_seconds": round(map_s, 2)}, **curve})
+    return {}
+
+
+def _embedded_by(ctx: RunContext) -> dict[str, int]:
+    """How many listed items each version embedded (the migration's record)."""
+    state = records.load(ctx.store, ctx.job.id)
+    return state.embedded_by if state is not None else {}
 
 
 def _map_all(fitted: Any, ids: list[str], old: dict[str, tuple[np.ndarray, np.ndarray]],
@@ -238,7 +246,7 @@ def validation_curve(ctx: RunContext, record: Any, fitted: Any, p: MigrateParams
     i2t: it holds captions). The switch point: the first fraction from which the side
     beats the route beyond the paired error (one-sided test at 5%, items resampled) in
     every served direction, there and at every later fraction (``switch_fraction``).
-    The inputs are kept in the job's work directory for ``live_check``."""
+    The inputs are kept in the migration's folder for the checks after a switch."""
     from training.upgrades.transform.simulate import curve, share, switch_fraction
 
     validation = p.validation or record.validation
@@ -258,7 +266,7 @@ def validation_curve(ctx: RunContext, record: Any, fitted: Any, p: MigrateParams
     routed = {d: {"R@1": round(float(hits["routed"][d].mean()), 4),
                   "share": _rounded(share(hits, "routed", d, boot=BOOT, units=units[d]))}
               for d in served}
-    sim.save(ctx.store.work_dir(ctx.job.id) / VALIDATION, p.order, served)
+    sim.save(records.folder(ctx.store, ctx.job.id) / VALIDATION, p.order, served)
     return {"curve": points, "routed": routed, "curve_directions": served,
             "switch_at": switch_fraction(hits, p.order, grid, bound, directions=served,
                                          units=units),
@@ -371,7 +379,7 @@ def _simulation(ctx: RunContext, record: Any, fitted: Any, p: MigrateParams,
     registry = Registry(ctx.settings.registry_dir)
     dataset = ctx.open_dataset(validation, "validation")
     old_art = registry.artifact(_gallery_version(
-        registry, ctx.job.result.get("embedded_by") or {}, record.history, m.source.space))
+        registry, _embedded_by(ctx), record.history, m.source.space))
     target = registry.artifact(m.version)
     device = ctx.settings.device
     old_enc = load_encoder(old_art, m.source.space, device)
@@ -407,71 +415,6 @@ def _simulation(ctx: RunContext, record: Any, fitted: Any, p: MigrateParams,
         relevant=relevant)
     units = {"t2i": np.asarray(owners, np.int64), "i2t": np.arange(len(dataset))}
     return Simulation(items, queries, joined, units, len(dataset))
-
-
-# ------------------------------------------------------------------ after the switch (gateway)
-def live_check(gateway: Any, record: Any, job: Any, fraction: float) -> dict[str, Any] | None:
-    """The side as it stands, measured again after a progressive switch: the validation
-    items at ``fraction`` of their order (as the curve simulated them) among distractors
-    read from the gallery's own sides now (the same number of listed items, drawn with the
-    job's seed: their vectors on the target side, transformed or re-embedded as they are,
-    and on the source side for the route), against the route; ``below``: the side is
-    below the route beyond the error (one-sided test at 5%) in a served direction. None
-    when the curve's inputs are not there (no validation set)."""
-    from training.upgrades.transform.simulate import (
-        DIRECTIONS,
-        done_mask,
-        falls_below,
-        top1_hits,
-    )
-
-    work = gateway.jobs.work_dir(job.id)
-    path = work / VALIDATION
-    if not path.exists():
-        return None
-    with np.load(path) as data:
-        saved = {k: data[k] for k in data.files}
-    meta = json.loads(bytes(saved["meta"]).decode())
-    served = meta["served"]
-    m = record.migration
-    listed = [i["id"] for i in json.loads((work / LISTING).read_text())]  # not a scroll
-    ids = _drawn(listed, LIVE_DISTRACTORS, int(job.params.get("seed", 0)))
-    target = gateway.store.vectors(m.target.collection, ids)
-    source = gateway.store.vectors(m.source.collection, ids)
-    hits: dict[str, dict[str, np.ndarray]] = {"side": {}, "routed": {}}
-    for d in served:
-        qk, ik = DIRECTIONS[d]
-        both = [i for i in ids if ik in target.get(i, {}) and ik in source.get(i, {})]
-        mask = done_mask(saved[f"order_{ik}"], meta["n_items"], fraction)
-        side = np.where(mask[:, None], saved[f"item_new_{ik}"], saved[f"item_transformed_{ik}"])
-        rel = np.concatenate([saved[f"relevant_{d}"],
-                              np.zeros((len(saved[f"relevant_{d}"]), len(both)), bool)], 1)
-        side_rows = np.concatenate([side, _rows(target, both, ik, side.shape[1])])
-        route_rows = np.concatenate([saved[f"item_old_{ik}"],
-                                     _rows(source, both, ik, saved[f"item_old_{ik}"].shape[1])])
-        hits["side"][d] = top1_hits(saved[f"query_new_{qk}"] @ side_rows.T, rel)
-        hits["routed"][d] = top1_hits(saved[f"query_routed_{qk}"] @ route_rows.T, rel)
-    units = {d: saved[f"units_{d}"] for d in served}
-    below = falls_below(hits, "side", "routed", served, units)
-    r1 = {d: {"side": round(float(hits["side"][d].mean()), 4),
-              "routed": round(float(hits["routed"][d].mean()), 4)} for d in served}
-    why = "; ".join(f"{d}: side {v['side']:.3f} against the route {v['routed']:.3f}"
-                    for d, v in r1.items())
-    return {"fraction": round(fraction, 4), "below": bool(below), "R@1": r1, "why": why,
-            "distractors": len(ids)}
-
-
-def _drawn(listed: list[str], k: int, seed: int) -> list[str]:
-    names = sorted(listed)
-    picked = np.random.default_rng(seed).permutation(len(names))[:k]
-    return [names[n] for n in sorted(picked.tolist())]
-
-
-def _rows(vectors: dict[str, dict[str, np.ndarray]], ids: list[str], kind: str,
-          dim: int) -> np.ndarray:
-    if not ids:
-        return np.zeros((0, dim), np.float32)
-    return np.stack([np.asarray(vectors[i][kind], np.float32) for i in ids])
 
 
 def _rounded(value: dict[str, float | None]) -> dict[str, float | None]:
