@@ -106,6 +106,25 @@ def test_no_slerp_route_is_offered_when_the_gallery_is_served_through_a_route(
                if r["kind"] == "migration")
 
 
+def test_slerp_routes_are_measured_where_the_gallery_is_served_natively(
+        micro_versions, plan_of_routes) -> None:
+    """The same gallery served by 't1' itself (native to v1): its "+slerp" routes mix
+    with t1's own query, are measured and applicable, and run both models per query."""
+    from training.upgrades.adapter.fit import sample_from_dataset
+    from training.upgrades.plan.run import run_plan
+
+    t1, data = plan_of_routes["t1"], plan_of_routes["data"]
+    plan = run_plan(load_artifact(micro_versions["v3"]), t1, "v1",
+                    sample_from_dataset(t1, data, k=ITEMS), data, ITEMS, Constraints())
+    rows = {r["name"]: r for r in plan["options"]}
+    for method in ("procrustes", "affine", "residual-mlp"):
+        plain, mixed = rows[f"route:{method}"], rows[f"route:{method}+slerp"]
+        assert mixed["measured"] and mixed["applicable"]
+        assert mixed["apply"] == {"kind": "adapter", "config": {
+            "method": method, "slerp_t": 0.5, "seed": 0}}
+        assert mixed["storage"]["model_bytes"] > plain["storage"]["model_bytes"]
+
+
 def test_a_migration_is_weighed_over_time_its_fits_included() -> None:
     """Two migrations with the same curve over their backfill: the one that first spends
     1.4 backfills on fits (the route serving meanwhile) delivers less over time."""

@@ -15,7 +15,7 @@ migration has.
 
 The tolerance of a rate: a simulated rate estimates the true one with a binomial error
 ``sqrt(a (1 - a) / n)`` over ``n`` migrations; a rate within 3 of those errors above the
-stated level (0.3% of the time by chance for a rule exactly at it) passes. 2,000
+stated level (about 0.1% of the time by chance for a rule exactly at it) passes. 2,000
 migrations make that 5% + 1.5%.
 """
 
@@ -179,3 +179,71 @@ def test_the_rule_decides_as_falls_below_at_its_level() -> None:
         lead, se = null_lead(hits, "routed", "side", "t2i", ids["t2i"])
         assert below == (lead > z_bound(level) * se or falls_below(
             hits, "side", "routed", ["i2t"], ids, alpha=level))
+
+
+def test_a_check_records_its_level_its_look_and_how_many_looks_there_can_be(
+        tmp_path) -> None:
+    """``live_check`` on a migration's saved validation set and listing (the folder it is
+    given) and a store's two sides: a side unrelated to the queries falls below a route
+    that finds every item; the same vectors on both sides do not. Each check spends the
+    budget from the previous one."""
+    import json
+    from types import SimpleNamespace
+
+    from service.jobkinds.migrate.check import live_check
+    from service.jobkinds.migrate.transform import LISTING, VALIDATION, Simulation
+    from training.upgrades.transform.simulate import Items, Queries
+
+    rng = np.random.default_rng(0)
+    n, dim = 80, 16
+
+    def unit(rows: int) -> np.ndarray:
+        v = rng.normal(size=(rows, dim)).astype(np.float32)
+        return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+    class Store:  # every listed item holds the same vectors on both sides
+        def __init__(self) -> None:
+            self.stored = {f"g{i}": {"image": unit(1)[0], "text": unit(1)[0]}
+                           for i in range(30)}
+
+        def vectors(self, collection: str, ids: list[str]) -> dict:
+            return {i: self.stored[i] for i in ids}
+
+    def saved(folder, side_as_good: bool) -> None:
+        folder.mkdir()
+        old = {"image": unit(n), "text": unit(n)}
+        other = {"image": unit(n), "text": unit(n)}
+        route = {"text": old["image"].copy(), "image": old["text"].copy()}
+        items = Items(old, old if side_as_good else other, old if side_as_good else other)
+        sim = Simulation(items, Queries(route if side_as_good else {"text": unit(n),
+                                                                     "image": unit(n)},
+                                        route, route, {"t2i": np.eye(n, dtype=bool),
+                                                       "i2t": np.eye(n, dtype=bool)}),
+                         {"image": list(range(n)), "text": list(range(n))},
+                         {"t2i": np.arange(n), "i2t": np.arange(n)}, n)
+        sim.save(folder / VALIDATION, "random", ["t2i", "i2t"])
+        (folder / LISTING).write_text(json.dumps([{"id": f"g{i}"} for i in range(30)]))
+
+    store = Store()
+    sides = SimpleNamespace(target=SimpleNamespace(collection="new"),
+                            source=SimpleNamespace(collection="old"))
+    record = SimpleNamespace(migration=sides)
+    saved(tmp_path / "below", side_as_good=False)
+    first = live_check(store, record, tmp_path / "below", 0.25, seed=0, switched_at=0.2)
+    assert first is not None and first["below"] and first["distractors"] == 30
+    assert first["R@1"]["t2i"]["routed"] > first["R@1"]["t2i"]["side"]
+    assert (first["look"], first["looks_at_most"], first["overall_level"]) == (1, 16, 0.05)
+    assert first["level"] == pytest.approx(0.05 * 0.05 / 0.8 / 2, abs=1e-7)
+    assert "look 1 of at most 16" in first["why"]
+    later = live_check(store, record, tmp_path / "below", 0.4, seed=0, switched_at=0.2,
+                       checks=[first])
+    assert later is not None and later["look"] == 2
+    assert later["level"] == pytest.approx(0.05 * 0.15 / 0.8 / 2, abs=1e-7)
+    assert later["spent"] == pytest.approx(0.05 * 0.2 / 0.8)
+    with pytest.raises(ValueError, match="has not grown"):
+        live_check(store, record, tmp_path / "below", 0.25, seed=0, switched_at=0.2,
+                   checks=[first])
+    saved(tmp_path / "good", side_as_good=True)
+    good = live_check(store, record, tmp_path / "good", 0.25, seed=0, switched_at=0.2)
+    assert good is not None and not good["below"]
+    assert live_check(store, record, tmp_path / "none", 0.25, seed=0, switched_at=0.2) is None

@@ -311,31 +311,6 @@ def cross_top1_hits(
             "i2t": _ranked_hits_from_embeddings(qi, gt, relevance.T, 1)[:, 0]}
 
 
-BOOTSTRAP_ROUNDS = 200
-
-
-def score_difference_se(before: Mapping[str, Any], after: Mapping[str, Any],
-                        rounds: int = BOOTSTRAP_ROUNDS, seed: int = 0) -> float:
-    """Standard error of ``score(after) - score(before)``, where a score is the mean of the
-    two directions' R@1, by a paired bootstrap over the validation queries: each round
-    resamples the text queries and the image queries (with replacement, the same draw for
-    both sides), so what the two share cancels and only their difference varies.
-
-    Inputs: per-query top-1 hits of the same queries, ``{"t2i": bool [M], "i2t": bool [N]}``
-    (``cross_top1_hits``). Deterministic for a given ``seed``. A decision between two options
-    on a validation score treats a difference within this error as noise."""
-    if rounds < 2:
-        raise ConfigError(f"rounds must be at least 2, got {rounds}")
-    rng = np.random.default_rng(seed)
-    total = np.zeros(rounds)
-    for direction in ("t2i", "i2t"):
-        b, a = _check_flip_pair(before[direction], after[direction])
-        diff = a.astype(np.float64) - b.astype(np.float64)  # [Q] per-query gain
-        draws = rng.integers(0, len(diff), size=(rounds, len(diff)))  # [rounds, Q]
-        total += diff[draws].mean(axis=1) / 2
-    return float(total.std(ddof=1))
-
-
 def _check_flip_pair(before: Any, after: Any) -> tuple[np.ndarray, np.ndarray]:
     """Validate two per-query top-1 outcomes: 1-D, non-empty, boolean, same length."""
     b = _as_numpy(before, "before_top1_ok")

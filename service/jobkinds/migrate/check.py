@@ -38,7 +38,10 @@ its level, and the levels would no longer add up to the rate they promise.
 ``tests/test_switch_back_rate.py`` simulates migrations whose side is exactly as good as
 the route, looked at after every 5% as the gateway does, and checks the rate stays
 within 5% (and that a test at 5% per look exceeds it), and that a side 10 points of R@1
-below the route is switched back.
+below the route is switched back. Measured there (300 images with 5 captions, switched
+at 0, 20 looks): 1.95% of 2,000 such migrations switched back (a test at 5% per look:
+41%); 3.0% of 1,000 on 100 images whose side answers anew at every look; a side 10
+points below switched back in all of 400 (84.5% serving image->text alone).
 """
 
 from __future__ import annotations

@@ -43,23 +43,24 @@ PHASES: dict[str, str] = {
 
 # phase -> action -> the phase it leads to. Actions: the operator's (switch, rollback,
 # retire, cancel, pause, resume) and the applier's (progressive, switch_back, finish,
-# gate_failed, fail). ``finish`` from backfilling lands in switched or awaiting: the gate
-# decides. ``pause`` holds a running backfill's shards at their cursors (a lazy
+# gate_failed, fail: its job failed, by a shard or a batch it could not write; the undo
+# of an ``undoing`` migration is its ``fail`` or ``cancel``). ``finish`` from backfilling
+# lands in switched or awaiting: the gate decides. ``pause`` holds a running backfill's shards at their cursors (a lazy
 # migration: reranked searches fill the new side meanwhile) without leaving the phase;
 # ``resume`` queues them again (or, after a stop, plans what is left).
 TRANSITIONS: dict[str, dict[str, str]] = {
     "backfilling": {"progressive": "serving", "finish": "switched|awaiting",
-                    "cancel": "ended", "fail": "ended", "pause": "backfilling",
+                    "cancel": "ended", "fail": "undoing", "pause": "backfilling",
                     "resume": "backfilling"},
     "undoing": {"fail": "ended", "cancel": "ended"},
     "serving": {"switch_back": "backfilling", "finish": "switched",
                 "gate_failed": "awaiting", "cancel": "stopped", "rollback": "rolled_back",
-                "pause": "serving", "resume": "serving"},
+                "pause": "serving", "resume": "serving", "fail": "stopped"},
     "stopped": {"resume": "serving", "rollback": "rolled_back", "retire": "ended"},
     "awaiting": {"switch": "switched", "cancel": "ended"},
     "switched": {"rollback": "rolled_back", "retire": "ended"},
     "rolled_back": {"retire": "ended", "cancel": "rolled_back", "resume": "rolled_back",
-                    "pause": "rolled_back", "finish": "rolled_back"},
+                    "pause": "rolled_back", "finish": "rolled_back", "fail": "rolled_back"},
     "ended": {},
 }
 OPERATOR = ("switch", "rollback", "retire", "cancel", "pause", "resume")

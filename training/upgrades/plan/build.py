@@ -53,19 +53,28 @@ def time_averaged(scorer: Scorer, option: Option, horizon: float) -> tuple[float
     """The option's score averaged over time from the start of the migration to
     ``horizon`` (compute, in full backfills: every migration of the plan has ended by
     then), with its draws. Time includes the option's own fits (``overhead_fraction``),
-    during which what served before (the route, ``served[0]``) still serves; after its
-    backfill, its final side. So a migration that needs a fit first is weighed by when
-    its gain arrives, not by how many items it had re-embedded."""
+    during which what served before the migration (``before``: the route) still serves,
+    its score held over the whole overhead (the migration's side does not exist until
+    its fits end, so it is not credited then, even where it would beat the route at its
+    first fraction); then the served curve over the backfill (``served``, trapezoid);
+    after its backfill, its final side. So a migration that needs a fit first is weighed
+    by when its gain arrives, not by how many items it had re-embedded."""
     served = option.served
     assert served is not None
     fractions = sorted(served)
     start = option.overhead_fraction
-    timeline = {0.0: served[fractions[0]]}
+    end = max(horizon, start + fractions[-1])
+    timeline = {start: served[fractions[0]]}
     timeline.update({start + f: served[f] for f in fractions})
-    timeline[max(horizon, start + fractions[-1])] = served[fractions[-1]]
-    value, draws = scorer.area(timeline)
-    span = max(timeline) - min(timeline)
-    return value / span, draws / span
+    timeline[end] = served[fractions[-1]]
+    value, draws = scorer.area(timeline)  # from the backfill's start on
+    if start > 0:
+        if option.before is None:
+            raise ValueError(f"option {option.name!r} has an overhead of {start:g} backfills "
+                             f"but no record of what serves meanwhile (its before)")
+        held, held_draws = scorer.score(option.before)
+        value, draws = value + start * held, draws + start * held_draws
+    return value / end, draws / end
 
 
 def make_plan(options: Sequence[Option], scorer: Scorer, costs: Costs,
@@ -98,9 +107,12 @@ def make_plan(options: Sequence[Option], scorer: Scorer, costs: Costs,
         if scoreable and own_gain:
             both = {"old->old": sc.old, "x": o.hits}
             flips = {d: negative_flip(both, "x", "old->old", d) for d in o.hits}
-            if o.served is not None:  # a migration: the worst point it serves
+            if o.served is not None:  # a migration: the worst point it serves (its
+                # overhead's included: what served before it serves then)
+                points = list(o.served.values()) + (
+                    [o.before] if o.before is not None and o.overhead_fraction > 0 else [])
                 flips = {d: max(negative_flip({"old->old": sc.old, "x": h}, "x", "old->old", d)
-                                for h in o.served.values()) for d in o.hits}
+                                for h in points) for d in o.hits}
             s.negative_flip = max(flips.values())
             s.score, s.draws = sc.score(o.hits)
             row.update({"R@1": {d: _r(float(h.mean())) for d, h in o.hits.items()},

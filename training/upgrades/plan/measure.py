@@ -89,7 +89,9 @@ class RouteFit:
 
     @torch.no_grad()
     def queries(self, emb: Embedded) -> dict[str, np.ndarray]:
-        """Per query kind, NEW's validation queries routed into OLD's space."""
+        """Per query kind, NEW's validation queries routed into OLD's space (a SLERP
+        route: mixed with ``emb.query_old``, which must then be OLD's own native query in
+        that space, not a route's: ``run_plan`` measures one only where it is)."""
         from training.upgrades.adapter.maps import slerp
 
         out = {}
@@ -145,6 +147,9 @@ class Option:
     switch_at: float | None = None
     side: dict[float, dict[str, np.ndarray]] | None = None  # the target side as it stands
     overhead_fraction: float = 0.0  # compute before its backfill starts (sample, fit, map)
+    # what serves during that overhead: what served before the migration (the serving
+    # route's hits on the same items); the migration's own side does not exist yet
+    before: dict[str, np.ndarray] | None = None
     # the measure its shares are of, when not the plan's: a migration is simulated on the
     # validation set as a gallery of whole items, its own baseline (same query draws)
     scorer: Scorer | None = None

@@ -142,13 +142,17 @@ def run_plan(new: Artifact | ModelSpec, old: Artifact, space: str, sample: Any,
     stage("time the queries")
     old_ms = query_ms(old_enc, texts, images)
     native_ms = query_ms(new_enc, texts, images)
-    native = stored if stored is not None else old
-    slerp_old = stored_enc if native.space == space else None  # SLERP: OLD's native query
+    # SLERP mixes the route's query with OLD's own query in ``space``, as the adapter job
+    # builds it (with the gallery's active version): only a version native to ``space``
+    # has one. Served through a route, the gallery has no native OLD query to mix (the
+    # serving route's query is not one): no "+slerp" option, the reason in its note.
+    slerp_old = old_enc if old.space == space else None
     options = [_route_option(r, emb, costs, sample_s, seed,
                              Encoder(model, tokenizer, device, text_head=r.maps["text"],
                                      image_head=r.maps["image"]),
-                             slerp_old, old_ms, texts, images) for r in routes]
-    routed_of = {r.name: r.queries(whole) for r in routes}  # what each route serves
+                             slerp_old, old_ms, texts, images, old, space) for r in routes]
+    routed_of = {r.name: r.queries(whole) for r in routes  # what each route serves
+                 if not r.slerp_t or slerp_old is not None}
     options += _xbt_options(xbt, emb, space, costs, old_ms, texts, images, device, spec,
                             routed_of)
 
@@ -163,6 +167,7 @@ def run_plan(new: Artifact | ModelSpec, old: Artifact, space: str, sample: Any,
     ts = transform_migrations(whole, sample_old, sample_new, names,
                               routed_of[serving.name], seed, max_negative_flip)
     fitted, fit_s, migs = ts.fitted, ts.fit_seconds, ts.migrations
+    before = ts.routed  # what serves while a migration's transform is fitted and mapped
     map_s = ts.map_seconds / max(1, ts.mapped_items) * gallery_items * len(fitted.kinds)
     dims = {k: v.shape[1] for k, v in emb.item_new.items()}
     side_bytes = gallery_items * sum(4 * d for d in dims.values())
@@ -184,7 +189,8 @@ def run_plan(new: Artifact | ModelSpec, old: Artifact, space: str, sample: Any,
                    "params": ({"transform": False} if name == "migrate" else
                               {"transform": True, "order": name.split("+")[-1],
                                "switch": "progressive", "sample": k_items, "seed": seed})},
-            served=served, switch_at=switch, side=side, overhead_fraction=overhead))
+            served=served, switch_at=switch, side=side, overhead_fraction=overhead,
+            before=before))
     stage("simulate rerank on read")
     options += rerank_options(whole, routed_of[serving.name], whole_scorer, costs, new_enc,
                               texts, images, _minus(after_ms, old_ms), serving.name,
@@ -271,6 +277,13 @@ class TransformSide:
     mapped_items: int
     migrations: dict[str, Any]
 
+    @property
+    def routed(self) -> dict[str, np.ndarray]:
+        """The route's hits on the measured items: what serves before any migration
+        switches (today's migration serves it until its end)."""
+        served = self.migrations["migrate"][0]
+        return served[min(served)]
+
 
 def transform_migrations(emb: Embedded, sample_old: Mapping[str, np.ndarray],
                          sample_new: Mapping[str, np.ndarray],
@@ -303,16 +316,21 @@ def transform_migrations(emb: Embedded, sample_old: Mapping[str, np.ndarray],
 
 def _route_option(r: RouteFit, emb: Embedded, costs: Costs, sample_s: float, seed: int,
                   encoder: Encoder, slerp_old: Encoder | None, old_ms: dict[str, float],
-                  texts: Sequence[str], images: Sequence[Any]) -> Option:
+                  texts: Sequence[str], images: Sequence[Any], old: Artifact,
+                  space: str) -> Option:
     """A fitted adapter route measured: ``encoder`` is the new model with its maps (what
-    the route serves), mixed with ``slerp_old`` for a SLERP route."""
+    the route serves), mixed with ``slerp_old`` (OLD native to ``space``) for a SLERP
+    route; without it a SLERP route is listed, not measured, not applicable."""
     label = f"{r.method} adapter{' + SLERP with the old query' if r.slerp_t else ''}"
     seconds = sample_s + r.fit_seconds
     base = {"name": r.name, "kind": "route", "label": label, "compute_seconds": seconds,
             "compute_fraction": costs.fraction(seconds)}
     if r.slerp_t and slerp_old is None:
-        return Option(**base, measured=False, note="SLERP runs the old model natively: the "
-                      "version serving the gallery is not native to its space")
+        return Option(**base, measured=False, note=(
+            f"SLERP mixes the new model's routed query with the old model's own query in "
+            f"space '{space}', and the gallery is served by '{old.version_id}' through a "
+            f"route (its native space is '{old.space}'): there is no native old query to "
+            f"mix"))
     served: Encoder | SlerpEncoder = encoder
     if r.slerp_t and slerp_old is not None:
         served = SlerpEncoder(encoder, slerp_old, r.slerp_t)

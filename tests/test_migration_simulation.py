@@ -1,0 +1,193 @@
+"""The migration's control plane checked by simulation (``tests/migration_sim.py``): random
+sequences of starts (every combination of backfill running or paused, serving by the
+route or by rerank, progressive switch or not, transform or not), ticks of the driver,
+backfill batches, fills by reads, upserts and deletes, pause, resume, cancel, switch,
+forced switch, rollback, retire, gate pass / fail / crash, worker deaths, failed jobs and
+gateway restarts, each step checked against a reference model of the items and of the
+lifecycle table; then the paths that broke before, each as its own sequence.
+
+``make test`` runs ``SEQUENCES`` sequences; the long run is ``pytest -m slow -k
+simulation`` (``NOBACKFILL_SIM_SEQUENCES``, default 5,000), which prints how many ran and
+how long they took.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from migration_sim import GALLERY, VALIDATION, Sequence, Step, World, replay, run_many
+
+from service.jobkinds.migrate import record as records
+from service.jobkinds.migrate.lifecycle import paused
+from service.jobkinds.migrate.view import counts, view
+from service.state.jobs.shards import PAUSED
+
+SEQUENCES = 150
+# Start codes (``Sequence._start``: bit 0 transform, bit 1 two shards, bit 2 progressive,
+# bit 3 serving rerank, bit 4 backfill paused, bit 5 auto_switch off) and the work codes
+# a transform shard reads (``Worker._transform``: switch_at = [None, 0.0, 0.1, 0.3,
+# 0.6][r % 5], a good validation set unless (r // 7) % 3 == 0) and a gate (r % 4: 0, 1
+# pass, 2 fail, 3 crash).
+PROGRESSIVE = 0b00101  # transform, one shard, progressive, route, running
+LAZY = 0b10101  # the same with its backfill paused
+GOOD_AT_10 = 7  # a transform shard: switch at 10%, a good validation set
+GATE_PASS, GATE_CRASH = 4, 3
+
+
+def test_random_sequences_keep_every_invariant(tmp_path: Path) -> None:
+    out = run_many(tmp_path, SEQUENCES, seed=20261129)
+    assert out["sequences"] == SEQUENCES
+    moves = out["moves"]  # the sequences reach the phases worth checking
+    for move in ("backfilling -> serving", "serving -> backfilling", "serving -> stopped",
+                 "backfilling -> awaiting", "backfilling -> undoing", "serving -> rolled_back",
+                 "backfilling -> switched"):
+        assert moves.get(move), f"no sequence went {move}: {sorted(moves)}"
+
+
+@pytest.mark.slow
+def test_simulation_long_run(tmp_path: Path) -> None:
+    count = int(os.environ.get("NOBACKFILL_SIM_SEQUENCES", "5000"))
+    seed = int(os.environ.get("NOBACKFILL_SIM_SEED", "1"))
+    out = run_many(tmp_path, count, seed=seed)
+    print(f"\nsimulation: {out['sequences']} sequences, {out['steps']} steps, "
+          f"{out['seconds']} s, 0 violations (seed {seed})")
+    print("moves:", out["moves"])
+
+
+# ------------------------------------------------------------------ the paths that broke
+@pytest.fixture
+def sim(tmp_path: Path):
+    shutil.rmtree(tmp_path / "w", ignore_errors=True)
+    world = World(tmp_path / "w", 20, seed=0)
+    try:
+        yield Sequence(world)
+    finally:
+        world.close()
+
+
+def run(sim: Sequence, *steps: tuple[str, int]) -> None:
+    for op, r in steps:
+        sim.run(Step(op, r))
+
+
+def switched_progressively(sim: Sequence) -> None:
+    run(sim, ("start", PROGRESSIVE), ("work", GOOD_AT_10), ("tick", 0), ("work", 0),
+        ("tick", 0))
+    assert sim.phase() == "serving", sim.world.model.log
+
+
+def test_a_resumed_migration_is_still_checked_after_its_switch(sim: Sequence) -> None:
+    """Stopping after a progressive switch ends the job; its migration's files stay, so
+    after resume the side is measured again (and could be switched back)."""
+    switched_progressively(sim)
+    run(sim, ("work", 0), ("tick", 0))
+    checks = len(sim.now().state.checks)
+    assert checks >= 1
+    run(sim, ("cancel", 0), ("tick", 0))
+    assert sim.phase() == "stopped"
+    m = sim.now().migration
+    assert (records.folder(sim.port.jobs, m.job) / VALIDATION).exists()
+    run(sim, ("resume", 0))
+    assert sim.phase() == "serving"
+    for _ in range(6):
+        run(sim, ("work", 0), ("tick", 0))
+    assert len(sim.now().state.checks) > checks  # measured again after the resume
+
+
+def test_a_gate_that_never_ran_runs_after_resume(sim: Sequence) -> None:
+    """The gate's shard crashes after a progressive switch (the backfill stops); resumed,
+    a new gate runs for this side: the migration ends switched on a passed gate, not
+    failed on a report that does not exist."""
+    switched_progressively(sim)
+    for _ in range(8):
+        run(sim, ("work", 0), ("tick", 0))
+        if any(s.get("task") == "gate" for s in sim.now().job.shards):
+            break
+    run(sim, ("work", GATE_CRASH))
+    assert sim.phase() == "stopped"
+    run(sim, ("resume", 0))
+    for _ in range(6):
+        run(sim, ("tick", 0), ("work", GATE_PASS))
+    now = sim.now()
+    assert sim.phase() == "switched" and now.job.status == "succeeded", sim.world.model.log
+    assert now.job.gate["passed"] is True and now.state.gate_failed is False
+    assert [s["state"] for s in now.job.shards if s.get("task") == "gate"][-1] == "done"
+
+
+def test_a_lazy_migration_counts_what_reads_filled_and_switches(sim: Sequence) -> None:
+    """Backfill paused, served by the route: reads and writes fill the side (NEW's own
+    vectors the backfill did not write); the count sees them and the progressive switch
+    is made when the side reaches its point."""
+    run(sim, ("start", LAZY), ("work", GOOD_AT_10), ("tick", 0))
+    now = sim.now()
+    assert paused(now.job) and sim.phase() == "backfilling"
+    side = counts(sim.port.store, now.migration)
+    assert side.reembedded == 8 and side.items == 20  # the transform's sample
+    for r in range(4):
+        run(sim, ("fill", r * 5))
+    shown = sim.world.run(view(sim.port, GALLERY)).progress
+    side = counts(sim.port.store, now.migration)
+    assert shown["fraction"] == round(side.reembedded / 20, 4) > 8 / 20
+    assert shown["filled_by_reads"] == side.by_reads > 0
+    run(sim, ("tick", 0))
+    assert sim.phase() == "serving"
+    assert sim.now().state.switched_at_fraction == round(side.reembedded / 20, 4)
+
+
+def test_the_first_resume_after_a_paused_stop_goes_on(sim: Sequence) -> None:
+    """Paused, switched progressively by fills, then stopped: one resume runs the
+    backfill (the pause does not survive the stop)."""
+    run(sim, ("start", LAZY), ("work", GOOD_AT_10), ("tick", 0))
+    for r in range(4):
+        run(sim, ("fill", r * 5))
+    run(sim, ("tick", 0))
+    assert sim.phase() == "serving"
+    run(sim, ("cancel", 0), ("tick", 0))
+    assert sim.phase() == "stopped"
+    run(sim, ("resume", 0))
+    job = sim.now().job
+    assert not job.result.get(PAUSED) and not paused(job)
+    before = counts(sim.port.store, sim.now().migration).reembedded
+    run(sim, ("work", 0), ("tick", 0))
+    assert counts(sim.port.store, sim.now().migration).reembedded > before
+
+
+def test_a_cancel_before_the_tick_wins_over_the_progressive_switch(sim: Sequence) -> None:
+    """The side reached its switch point, then the operator cancelled: the tick undoes the
+    migration; it does not switch first and then stop."""
+    run(sim, ("start", PROGRESSIVE), ("work", GOOD_AT_10), ("tick", 0), ("work", 0))
+    run(sim, ("cancel", 0), ("tick", 0))
+    assert sim.phase() == "ended"
+    assert sim.port.registry.gallery(GALLERY).space == "v1"
+
+
+def test_a_switch_back_recorded_before_a_restart_is_finished_not_undone(
+        sim: Sequence) -> None:
+    """The driver records a switch back, then the gateway stops before the registry
+    changes: after the restart the tick finishes the switch back, and the migration never
+    switches progressively again."""
+    switched_progressively(sim)
+    m = sim.now().migration
+    records.merge(sim.port.jobs, m.job, switched_back_at_fraction=0.6,
+                  switched_back="the side fell below the route (test)")
+    sim._restart(0, "serving")  # the crash window itself is not a state between steps
+    run(sim, ("tick", 0))
+    assert sim.phase() == "backfilling"
+    for _ in range(4):
+        run(sim, ("work", 0), ("tick", 0))
+        assert sim.phase() in ("backfilling", "awaiting", "switched")
+        assert sim.port.registry.gallery(GALLERY).history[-1].action != "migrate" or \
+            sim.phase() == "switched"
+
+
+def test_a_replayed_sequence_is_the_same_sequence(tmp_path: Path) -> None:
+    """A sequence is its steps: replaying one gives the same log (so a failing one, shrunk,
+    is a regular test)."""
+    steps = [Step("start", PROGRESSIVE), Step("work", GOOD_AT_10), Step("tick", 0),
+             Step("upsert", 3), Step("work", 1), Step("delete", 2), Step("tick", 0),
+             Step("fill", 5), Step("restart", 0), Step("tick", 0)]
+    first = replay(tmp_path / "a", steps)
+    assert replay(tmp_path / "b", steps) == first
