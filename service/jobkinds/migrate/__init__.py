@@ -3,10 +3,10 @@ space, its whole control in this folder, one file per role:
 
 - ``params``: what a migration takes; ``lifecycle``: its phases and the table of
   transitions every change asks; ``record``: its own typed record and files.
-- ``submit``: the start (open it, list the items, plan the shards); ``drive``: the
-  applier's step (switch progressively, check, catch up, gate, finish); ``actions``:
-  the transitions (switch, rollback, retire, cancel, pause, resume, undo, stop);
-  ``view``: what it shows, with its progress counted on the target side.
+- ``submit``: the start (open it, list the items); ``planning``: the shards' plans;
+  ``drive``: the applier's step (switch progressively, check, catch up, gate, finish);
+  ``actions``: the transitions (switch, rollback, retire, cancel, pause, resume, undo,
+  stop); ``view``: what it shows, with its progress counted on the target side.
 - the workers' shards: ``shards`` (by task), ``backfill`` (re-embed a range of items,
   or run the gate), ``transform`` (the gallery-side transform, its order and its
   validation curve); ``check`` (the side measured again after a progressive switch).

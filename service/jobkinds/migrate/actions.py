@@ -23,8 +23,8 @@ from service.jobkinds.base import GatewayPort
 from service.jobkinds.migrate import record as records
 from service.jobkinds.migrate.lifecycle import paused, require
 from service.jobkinds.migrate.params import MigrateParams
+from service.jobkinds.migrate.planning import backfill_item, ranges, write_shards
 from service.jobkinds.migrate.record import MigrationState
-from service.jobkinds.migrate.submit import backfill_item, ranges, write_shards
 from service.state.errors import Conflict, GateFailed, InvalidInput, NotFound, shown
 from service.state.gallery.locks import gallery_lock
 from service.state.jobs.shards import PAUSED

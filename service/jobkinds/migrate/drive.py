@@ -34,8 +34,8 @@ from service.jobkinds.migrate.actions import (
 from service.jobkinds.migrate.check import CHECK_EVERY, live_check
 from service.jobkinds.migrate.lifecycle import phase_of
 from service.jobkinds.migrate.params import MigrateParams
+from service.jobkinds.migrate.planning import plan_after_transform, ranges, write_shards
 from service.jobkinds.migrate.record import MigrationState
-from service.jobkinds.migrate.submit import plan_after_transform, ranges, write_shards
 from service.jobkinds.migrate.view import counts
 from service.state.errors import Conflict
 from service.state.jobs.shards import PAUSED

@@ -4,11 +4,9 @@
 on every write reaches both sides: the items API embeds for each side, under the
 gallery's write lock), create the migration's own record and folder (``record``), list
 the items (under that lock, so a write is either in the list or written to both sides),
-and plan shards: contiguous ranges of the items by id (or a seeded random order,
-strided), one task each. With ``transform`` it snapshots the stored vectors and plans
-one ``transform`` shard (the sample) instead; ``plan_after_transform`` plans the
-backfill from the order that shard wrote (strided over the order, so every shard walks
-it together).
+and plan its shards (``planning``). With ``transform`` it snapshots the stored vectors
+and plans one ``transform`` shard (the sample) instead; the backfill is planned once that
+shard is done (``planning.plan_after_transform``).
 
 Why a new collection rather than new named vectors: the target may have another width,
 a retire is one collection drop, a rollback is one pointer move, and a half-built side
@@ -18,23 +16,20 @@ is never inside the collection that serves.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections import Counter
 from typing import Any
 
-import numpy as np
-
 from service.jobkinds.base import GatewayPort
 from service.jobkinds.ingest import KIND as INGEST
+from service.jobkinds.migrate import planning
 from service.jobkinds.migrate import record as records
 from service.jobkinds.migrate.params import MigrateParams
-from service.jobkinds.migrate.transform import LISTING, read_order, write_snapshot
+from service.jobkinds.migrate.planning import backfill_item, write_shards
+from service.jobkinds.migrate.transform import LISTING, write_snapshot
 from service.state.errors import Conflict, Unavailable
 from service.state.gallery.locks import gallery_lock
-from service.state.gallery.store import Stored
-from service.state.jobs.shards import PAUSED, write_items
+from service.state.jobs.shards import PAUSED
 from service.state.jobs.store import Job
-from service.vectors.backfill import origin_of
 
 
 def check_can_start(gateway: GatewayPort, gallery: str) -> None:
@@ -105,10 +100,10 @@ async def prepare(gateway: GatewayPort, job: Job, params: MigrateParams) -> list
                                     gateway.jobs.work_dir(job.id))
             await asyncio.to_thread(records.write_json, folder / LISTING, items)
             planned = await asyncio.to_thread(write_shards, gateway, job,
-                                              [_sample(items, params)], "transform")
+                                              [planning.sample(items, params)], "transform")
         else:
             planned = await asyncio.to_thread(write_shards, gateway, job,
-                                              _planned(items, params))
+                                              planning.planned(items, params))
         if params.backfill == "paused":
             await asyncio.to_thread(gateway.jobs.update, job.id,
                                     lambda j: j.merged(result={PAUSED: True}))
@@ -131,67 +126,3 @@ def _listing(gateway: GatewayPort, gallery: str,
             dict(versions.most_common()))
 
 
-def backfill_item(stored: Stored) -> dict[str, Any]:
-    """What a shard needs of an item: id, the etag it was read with, kinds, origin."""
-    return {"id": stored.id, "etag": stored.etag, "kinds": list(stored.kinds),
-            "origin": origin_of(stored.kinds, stored.origin, stored.payload)}
-
-
-def ranges(items: list[dict[str, Any]], shards: int) -> list[list[dict[str, Any]]]:
-    """Contiguous ranges of the sorted items, as even as they split (at least one)."""
-    n = max(1, min(shards, len(items)))
-    bounds = [round(k * len(items) / n) for k in range(n + 1)]
-    return [items[bounds[k]:bounds[k + 1]] for k in range(n)]
-
-
-def _strided(items: list[dict[str, Any]], shards: int) -> list[list[dict[str, Any]]]:
-    """Items in backfill order dealt to the shards in turn (shard k: items k, k + n, ...),
-    so that the shards, running at once, walk the order together."""
-    n = max(1, min(shards, len(items)))
-    return [items[k::n] for k in range(n)]
-
-
-def _planned(items: list[dict[str, Any]], params: MigrateParams) -> list[list[dict[str, Any]]]:
-    """The backfill shards of a migration without a transform: id order in contiguous
-    ranges, or a seeded random order, strided."""
-    if params.order == "random":
-        perm = np.random.default_rng(params.seed).permutation(len(items))
-        return _strided([items[i] for i in perm], params.shards)
-    return ranges(items, params.shards)
-
-
-def _sample(items: list[dict[str, Any]], params: MigrateParams) -> list[dict[str, Any]]:
-    """The transform's sample: ``sample_size`` listed items drawn with the job's seed."""
-    k = params.sample_size(len(items))
-    chosen = np.random.default_rng(params.seed).permutation(len(items))[:k]
-    return [items[i] for i in sorted(chosen.tolist())]
-
-
-def plan_after_transform(gateway: GatewayPort, job: Job) -> list[int]:
-    """The backfill shards of a transformed migration: the listed items in the order the
-    transform shard wrote, strided; their indices (planned once: ``backfill_planned``).
-    The transform's outcome (its curve and switch point) goes into the migration's
-    record here."""
-    params = MigrateParams.model_validate(job.params)
-    folder = records.folder(gateway.jobs, job.id)
-    listed = {i["id"]: i for i in json.loads((folder / LISTING).read_text())}
-    items = [listed[i] for i in read_order(folder) if i in listed]
-    planned = write_shards(gateway, job, _strided(items, params.shards) if items else [[]])
-    outcome = json.loads((folder / records.TRANSFORMED).read_text())
-    records.merge(gateway.jobs, job.id, backfill_planned=True,
-                  planned_shards=len(gateway.jobs.get(job.id).shards), **outcome)
-    return planned
-
-
-def write_shards(gateway: GatewayPort, job: Job, shards: list[list[dict[str, Any]]],
-                 task: str = "backfill") -> list[int]:
-    """Write the shards' item files and add them to the job; their indices."""
-    first = len(gateway.jobs.get(job.id).shards)
-    work = gateway.jobs.work_dir(job.id)
-    work.mkdir(parents=True, exist_ok=True)
-    for n, items in enumerate(shards):
-        write_items(work, first + n, items)
-    gateway.jobs.add_shards(job.id, [
-        {"task": task, "start": items[0]["id"] if items else None,
-         "end": items[-1]["id"] if items else None, "total": len(items)} for items in shards])
-    return list(range(first, first + len(shards)))

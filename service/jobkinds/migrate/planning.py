@@ -1,0 +1,90 @@
+"""The plans of a migration's shards: which items each shard re-embeds, in which order.
+
+At the start (``submit``): contiguous ranges of the items by id (``ranges``), or a seeded
+random order dealt to the shards in turn (``strided``, so that shards running at once walk
+the order together); with a transform, one shard of a sample (``sample``). Once the
+transform shard is done (``plan_after_transform``): the listed items in the order it
+wrote, strided. Catch-up and resumed backfills are ranges of what is left.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from service.jobkinds.base import GatewayPort
+from service.jobkinds.migrate import record as records
+from service.jobkinds.migrate.params import MigrateParams
+from service.jobkinds.migrate.transform import LISTING, read_order
+from service.state.gallery.store import Stored
+from service.state.jobs.shards import write_items
+from service.state.jobs.store import Job
+from service.vectors.backfill import origin_of
+
+
+def backfill_item(stored: Stored) -> dict[str, Any]:
+    """What a shard needs of an item: id, the etag it was read with, kinds, origin."""
+    return {"id": stored.id, "etag": stored.etag, "kinds": list(stored.kinds),
+            "origin": origin_of(stored.kinds, stored.origin, stored.payload)}
+
+
+def ranges(items: list[dict[str, Any]], shards: int) -> list[list[dict[str, Any]]]:
+    """Contiguous ranges of the sorted items, as even as they split (at least one)."""
+    n = max(1, min(shards, len(items)))
+    bounds = [round(k * len(items) / n) for k in range(n + 1)]
+    return [items[bounds[k]:bounds[k + 1]] for k in range(n)]
+
+
+def strided(items: list[dict[str, Any]], shards: int) -> list[list[dict[str, Any]]]:
+    """Items in backfill order dealt to the shards in turn (shard k: items k, k + n, ...),
+    so that the shards, running at once, walk the order together."""
+    n = max(1, min(shards, len(items)))
+    return [items[k::n] for k in range(n)]
+
+
+def planned(items: list[dict[str, Any]], params: MigrateParams) -> list[list[dict[str, Any]]]:
+    """The backfill shards of a migration without a transform: id order in contiguous
+    ranges, or a seeded random order, strided."""
+    if params.order == "random":
+        perm = np.random.default_rng(params.seed).permutation(len(items))
+        return strided([items[i] for i in perm], params.shards)
+    return ranges(items, params.shards)
+
+
+def sample(items: list[dict[str, Any]], params: MigrateParams) -> list[dict[str, Any]]:
+    """The transform's sample: ``sample_size`` listed items drawn with the job's seed."""
+    k = params.sample_size(len(items))
+    chosen = np.random.default_rng(params.seed).permutation(len(items))[:k]
+    return [items[i] for i in sorted(chosen.tolist())]
+
+
+def plan_after_transform(gateway: GatewayPort, job: Job) -> list[int]:
+    """The backfill shards of a transformed migration: the listed items in the order the
+    transform shard wrote, strided; their indices (planned once: ``backfill_planned``).
+    The transform's outcome (its curve and switch point) goes into the migration's
+    record here."""
+    params = MigrateParams.model_validate(job.params)
+    folder = records.folder(gateway.jobs, job.id)
+    listed = {i["id"]: i for i in json.loads((folder / LISTING).read_text())}
+    items = [listed[i] for i in read_order(folder) if i in listed]
+    planned = write_shards(gateway, job, strided(items, params.shards) if items else [[]])
+    outcome = json.loads((folder / records.TRANSFORMED).read_text())
+    records.merge(gateway.jobs, job.id, backfill_planned=True,
+                  planned_shards=len(gateway.jobs.get(job.id).shards), **outcome)
+    return planned
+
+
+def write_shards(gateway: GatewayPort, job: Job, shards: list[list[dict[str, Any]]],
+                 task: str = "backfill") -> list[int]:
+    """Write the shards' item files and add them to the job; their indices."""
+    first = len(gateway.jobs.get(job.id).shards)
+    work = gateway.jobs.work_dir(job.id)
+    work.mkdir(parents=True, exist_ok=True)
+    for n, items in enumerate(shards):
+        write_items(work, first + n, items)
+    gateway.jobs.add_shards(job.id, [
+        {"task": task, "start": items[0]["id"] if items else None,
+         "end": items[-1]["id"] if items else None, "total": len(items)} for items in shards])
+    return list(range(first, first + len(shards)))
