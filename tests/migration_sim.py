@@ -335,11 +335,17 @@ class Worker:
             port.jobs.finish_shard(job.id, n, "failed", "the gate's worker crashed")
             return "gate crashed"
         passed = outcome == "pass"
-        port.jobs.finish_shard(job.id, n, "done", gate={
+        gate: dict[str, Any] = {
             "passed": passed, "gallery": GALLERY, "target": m.target.collection,
             "checks": [{"direction": "t2i", "migrated": 0.6 if passed else 0.4,
-                        "routed": 0.5, "passed": passed}]})
-        return f"gate {outcome}"
+                        "routed": 0.5, "passed": passed}]}
+        if m.serving == "rerank":  # what serves, measured beside the route
+            below = bool((r // 4) % 2)
+            gate["serving"] = {"mode": "rerank@20", "native_below": below,
+                               "why": f"t2i: the native side 0.6 against rerank@20 "
+                                      f"{0.7 if below else 0.6}"}
+        port.jobs.finish_shard(job.id, n, "done", gate=gate)
+        return f"gate {outcome}{' (native below what serves)' if gate.get('serving', {}).get('native_below') else ''}"
 
 
 def _validation(path: Path, good: bool, seed: int) -> None:
@@ -634,6 +640,11 @@ class Sequence:
             gate = actions.bound_gate(now.job, m, GALLERY) if now.job else None
             if not gate or gate.get("passed") is not True:
                 raise Violation(f"switched at the end without a passed gate of this side: {gate}")
+            if (gate.get("serving") or {}).get("native_below"):
+                raise Violation("switched on its own to a native side below what served")
+        if after == "serving" and before == "backfilling" and m.serving == "rerank":
+            raise Violation("a migration served by rerank switched progressively (the curve "
+                            "compares the side with the route, not with what serves)")
         if state is not None and state.outcome and now.job is not None and now.job.finished \
                 and actions.bound_gate(now.job, m, GALLERY) is None:
             raise Violation(f"the backfill ended ({state.outcome}) without a gate report "

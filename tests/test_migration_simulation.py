@@ -191,3 +191,76 @@ def test_a_replayed_sequence_is_the_same_sequence(tmp_path: Path) -> None:
              Step("fill", 5), Step("restart", 0), Step("tick", 0)]
     first = replay(tmp_path / "a", steps)
     assert replay(tmp_path / "b", steps) == first
+
+
+RERANKED = 0b01001  # transform, one shard, end switch, served by rerank, running
+RERANKED_PROGRESSIVE = 0b01101
+GATE_PASS_BELOW, GATE_PASS_NOT_BELOW = 4, 0  # a passing gate; native below what serves?
+
+
+def _to_the_gate(sim: Sequence) -> None:
+    for _ in range(12):
+        run(sim, ("work", 0), ("tick", 0))
+        shards = sim.now().job.shards
+        if any(s.get("task") == "gate" and s["state"] == "queued" for s in shards):
+            return
+    raise AssertionError(sim.world.model.log)
+
+
+@pytest.mark.parametrize("below", [True, False])
+def test_a_rerank_served_migration_asks_before_a_switch_below_what_serves(
+        sim: Sequence, below: bool) -> None:
+    """The gate passes against the route; when the native side alone is below what serves
+    (rerank), the end does not switch on its own: the operator sees why and decides."""
+    run(sim, ("start", RERANKED), ("work", GOOD_AT_10), ("tick", 0))
+    _to_the_gate(sim)
+    run(sim, ("work", GATE_PASS_BELOW if below else GATE_PASS_NOT_BELOW), ("tick", 0))
+    now = sim.now()
+    if not below:
+        assert sim.phase() == "switched"
+        return
+    assert sim.phase() == "awaiting" and now.job.gate["passed"] is True
+    refused = now.state.outcome["switch_refused"]
+    assert "below what serves" in refused and "rerank@20" in refused
+    shown = sim.world.run(view(sim.port, GALLERY)).result()
+    assert shown["switch_refused"] == refused
+    run(sim, ("switch", 0))
+    assert sim.phase() == "switched"
+
+
+def test_a_rerank_served_migration_does_not_switch_progressively(sim: Sequence) -> None:
+    """The curve compares the side with the route; rerank serves more than the route, so
+    a migration served by rerank switches at the end, against what serves."""
+    run(sim, ("start", RERANKED_PROGRESSIVE), ("work", GOOD_AT_10), ("tick", 0))
+    for _ in range(3):
+        run(sim, ("work", 0), ("tick", 0))
+    now = sim.now()
+    assert counts(sim.port.store, now.migration).fraction > now.state.switch_at
+    assert sim.phase() == "backfilling" and now.state.switched_at_fraction is None
+
+
+def test_rerank_hits_are_the_routes_top_k_ranked_by_the_new_model() -> None:
+    """``reranked_top1_hits`` against a plain loop over queries."""
+    import numpy as np
+
+    from training.compatibility import reranked_top1_hits
+
+    rng = np.random.default_rng(0)
+
+    def unit(n: int) -> np.ndarray:
+        v = rng.normal(size=(n, 6))
+        return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+    images, texts, k = 15, 30, 4
+    route, old, new = ((unit(images), unit(texts)) for _ in range(3))
+    relevance = np.zeros((texts, images), bool)
+    relevance[np.arange(texts), np.arange(texts) % images] = True
+    got = reranked_top1_hits(route, old, new, relevance, k)
+    for m in range(texts):
+        candidates = np.argsort(-(route[1][m] @ old[0].T), kind="stable")[:k]
+        best = max(candidates, key=lambda c: float(new[1][m] @ new[0][c]))
+        assert got["t2i"][m] == relevance[m, best]
+    for n in range(images):
+        candidates = np.argsort(-(route[0][n] @ old[1].T), kind="stable")[:k]
+        best = max(candidates, key=lambda c: float(new[0][n] @ new[1][c]))
+        assert got["i2t"][n] == relevance.T[n, best]

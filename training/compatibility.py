@@ -68,3 +68,25 @@ def cell_top1_hits(cache: Embeddings, query: Artifact, gallery: Artifact,
     q_img, q_txt = cache[(query.version_id, gallery.space)]
     g_img, g_txt = cache[(gallery.version_id, gallery.space)]
     return cross_top1_hits(q_txt, q_img, g_img, g_txt, relevance)
+
+
+def reranked_top1_hits(route: tuple[np.ndarray, np.ndarray], old: tuple[np.ndarray, np.ndarray],
+                       new: tuple[np.ndarray, np.ndarray], relevance: np.ndarray,
+                       k: int) -> dict[str, np.ndarray]:
+    """Per-query top-1 hits of rerank on read: the route's top ``k`` (the query through
+    the route, against the gallery's old vectors) ranked by the new model natively (its
+    query against each candidate's new vector), every candidate's new vector known (a
+    side fully re-embedded). Each argument is (image [N, D], text [M, D]) embeddings;
+    ``relevance`` bool [M texts, N images]; ``{"t2i": bool [M], "i2t": bool [N]}``."""
+    def hits(q_route: np.ndarray, g_old: np.ndarray, q_new: np.ndarray, g_new: np.ndarray,
+             rel: np.ndarray) -> np.ndarray:
+        depth = max(1, min(k, g_old.shape[0]))
+        scores = q_route @ g_old.T
+        candidates = np.argsort(-scores, axis=1, kind="stable")[:, :depth]
+        by_new = np.einsum("qd,qkd->qk", q_new, g_new[candidates])
+        top = candidates[np.arange(len(candidates)), by_new.argmax(axis=1)]
+        return rel[np.arange(len(top)), top]
+
+    rel = np.asarray(relevance, bool)
+    return {"t2i": hits(route[1], old[0], new[1], new[0], rel),
+            "i2t": hits(route[0], old[1], new[0], new[1], rel.T)}

@@ -18,6 +18,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import numpy as np
+
 from service.jobkinds.base import RunContext
 from service.jobkinds.migrate import record as records
 from service.jobkinds.migrate.params import MigrateParams
@@ -119,15 +121,46 @@ def run_gate(ctx: RunContext) -> dict[str, Any]:
     old = registry.artifact(_gallery_version(registry, state.embedded_by if state else {},
                                              gallery.history, m.source.space))
     dataset = ctx.open_dataset(validation, "validation")
-    cells = compatibility_of_artifacts([old, target], dataset)["cells"]
+    cache: dict[tuple[str, str], Any] = {}
+    cells = compatibility_of_artifacts([old, target], dataset, cache=cache)["cells"]
     routed, migrated = cells[target.version_id][old.version_id], cells[target.version_id][
         target.version_id]
     checks = [{"direction": d, "migrated": migrated[d]["R@1"], "routed": routed[d]["R@1"],
                "passed": migrated[d]["R@1"] >= routed[d]["R@1"] - 1e-12} for d in DIRECTIONS]
-    return {"passed": all(c["passed"] for c in checks), "checks": checks, "metric": "R@1",
-            "gallery": gallery.name, "target": m.target.collection, "version": m.version,
-            "old_gallery_version": old.version_id,
-            "validation": validation, "validation_items": len(dataset)}
+    report = {"passed": all(c["passed"] for c in checks), "checks": checks, "metric": "R@1",
+              "gallery": gallery.name, "target": m.target.collection, "version": m.version,
+              "old_gallery_version": old.version_id,
+              "validation": validation, "validation_items": len(dataset)}
+    if m.serving == "rerank":
+        k = min(m.rerank_k or ctx.settings.rerank_k, ctx.settings.rerank_k_max)
+        report["serving"] = what_serves(cache, old, target, dataset, k)
+    return report
+
+
+def what_serves(cache: dict[tuple[str, str], Any], old: Any, target: Any, dataset: Any,
+                k: int) -> dict[str, Any]:
+    """What a rerank-served migration serves (rerank@k: the route's top k ranked by the new
+    model) against the native side alone, at R@1 on the validation set, and whether the
+    native side is below it beyond the error (one-sided test at 5%, an image with its
+    captions as one unit: ``simulate.falls_below``). The gate still passes or fails against
+    the route; this decides whether the switch may be made without asking."""
+    from training.compatibility import cell_top1_hits, reranked_top1_hits
+    from training.upgrades.transform.simulate import falls_below
+
+    relevance = dataset.relevance("en")  # as compatibility_of_artifacts embedded it
+    native = cell_top1_hits(cache, target, target, relevance)
+    reranked = reranked_top1_hits(cache[(target.version_id, old.space)],
+                                  cache[(old.version_id, old.space)],
+                                  cache[(target.version_id, target.space)], relevance, k)
+    owners = np.asarray(relevance, bool).argmax(axis=1)
+    units = {"t2i": owners, "i2t": np.arange(relevance.shape[1])}
+    hits = {"native": native, "serving": reranked}
+    below = falls_below(hits, "native", "serving", list(DIRECTIONS), units)
+    r1 = {d: {"native": round(float(native[d].mean()), 4),
+              "serving": round(float(reranked[d].mean()), 4)} for d in DIRECTIONS}
+    why = "; ".join(f"{d}: the native side {v['native']:.3f} against rerank@{k} "
+                    f"{v['serving']:.3f}" for d, v in r1.items())
+    return {"mode": f"rerank@{k}", "R@1": r1, "native_below": bool(below), "why": why}
 
 
 def _gallery_version(registry: Registry, embedded_by: dict[str, int], history: Any,

@@ -146,6 +146,8 @@ async def finish(gateway: GatewayPort, record: GalleryRecord, job: Job,
         return
     if phase == "rolled_back":
         outcome["switch_refused"] = "rolled back by the operator after the progressive switch"
+    elif phase == "backfilling" and params.auto_switch and below_what_serves(gate):
+        outcome["switch_refused"] = below_what_serves(gate)
     elif phase == "backfilling" and params.auto_switch:
         try:  # the switch comes first, so a finished job says whether it switched
             await switch(gateway, record.name, by=f"job:{job.id}", backfilled=True,
@@ -161,6 +163,19 @@ async def finish(gateway: GatewayPort, record: GalleryRecord, job: Job,
     await asyncio.to_thread(records.merge, gateway.jobs, job.id, outcome=outcome,
                             gate_failed=not passed, **switched)
     await asyncio.to_thread(gateway.jobs.finish, job.id, "succeeded")
+
+
+def below_what_serves(gate: dict[str, Any]) -> str | None:
+    """Why the switch waits for the operator although the gate passed: the migration is
+    served by rerank on read and the native side alone is below what serves beyond the
+    error (the gate measured both: ``backfill.what_serves``); None otherwise."""
+    serving = gate.get("serving") or {}
+    if not serving.get("native_below"):
+        return None
+    return (f"the native side alone is below what serves now ({serving.get('why')}): "
+            f"switching would lower quality; switch (POST .../migration/switch) to serve "
+            f"the native side alone, or leave it (the migration stays open, served by "
+            f"{serving.get('mode')}, both sides kept and written), or cancel")
 
 
 async def _gate_failed_after_switch(gateway: GatewayPort, record: GalleryRecord, job: Job,
@@ -191,11 +206,12 @@ async def _maybe_switch_progressively(gateway: GatewayPort, record: GalleryRecor
     """Switch when the share of items re-embedded (the target side counted) has reached
     ``switch_at`` (the validation curve's point from which the side beats the route
     beyond the error, there and later) and every item has a vector on the target side
-    (transformed or re-embedded)."""
+    (transformed or re-embedded). Not for a migration served by rerank on read: the curve
+    compares the side with the route, and rerank serves more than the route (its switch
+    is decided at the end, against what serves)."""
     at = state.switch_at
-    if at is None:
-        return
-    assert record.migration is not None
+    if at is None or record.migration is None or record.migration.serving == "rerank":
+        return  # no point, or served by rerank: the curve measures the route, not it
     fraction = (await asyncio.to_thread(counts, gateway.store, record.migration)).fraction
     if fraction + 1e-9 < float(at):
         return
