@@ -593,6 +593,8 @@ class Sequence:
         if step.op == "cancel" and self.expected is not None:
             model.cancel_asked = before in ("backfilling", "serving", "rolled_back")
             model.cancelled_in = before
+        elif model.cancel_asked and step.op != "tick" and (now.job is None or now.job.finished):
+            model.cancel_asked = False  # its job ended another way first (failed): moot
         elif model.cancel_asked and step.op == "tick":
             want = {"backfilling": "ended", "serving": "stopped", "rolled_back": "rolled_back"}
             if after != want.get(before, after):
