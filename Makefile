@@ -26,8 +26,8 @@ test: $(STAMP)
 serve: $(STAMP)
 	$(PY) -m service.stack.launch
 
-# The whole story (DESIGN.md) on the synthetic world, non-interactively: a table per step,
-# runs/demo/report.md with plots. 11.9 minutes measured on 2 CPU cores (README, "The demo").
+# The whole story (docs/concepts/index.md) on the synthetic world, non-interactively: a
+# table per step, runs/demo/report.md with plots. How long it takes: docs/how-to/demo.md.
 DEMO_OUT ?= runs/demo
 demo: $(STAMP)
 	$(VENV)/bin/nobackfill demo --out $(DEMO_OUT)
