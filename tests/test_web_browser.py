@@ -814,7 +814,8 @@ def test_a_transform_migration_shows_its_validation_curve(page: Any, stack: Stac
     p = view["progress"]
     assert p["order"] == "learned" and p["switch"] == "end"
     assert p["transform"] and len(p["curve"]) >= 2, p
-    assert p["transformed"] == 8, p  # the 20 items less the sample of 12
+    assert view["result"]["transformed"] == 8, view  # the 20 items less the sample of 12
+    assert p["transformed"] == 0, p  # none holds a transformed vector any more
     expect(chart).to_have_attribute("data-points", str(len(p["curve"])), timeout=JOB_MS)
     expect(chart).to_have_attribute("data-fraction", re.compile(r"^1(\.0+)?$"),
                                     timeout=JOB_MS)
