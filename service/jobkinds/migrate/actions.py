@@ -54,7 +54,11 @@ def current(gateway: GatewayPort, gallery: str) -> Current:
     m = record.migration
     if m is None:
         return Current(record, None, None, None)
-    return Current(record, m, job_or_none(gateway, m.job), records.load(gateway.jobs, m.job))
+    job = job_or_none(gateway, m.job)
+    state = records.load(gateway.jobs, m.job)
+    if state is None and job is not None and "listed" in job.result:
+        state = records.adopt(gateway.jobs, job)  # opened before records were kept
+    return Current(record, m, job, state)
 
 
 def job_or_none(gateway: GatewayPort, job_id: str) -> Job | None:

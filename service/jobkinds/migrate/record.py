@@ -124,6 +124,31 @@ def merge(jobs: JobStore, job_id: str, **fields: Any) -> MigrationState:
         {**s.model_dump(), **fields}))
 
 
+# A migration opened before migrations kept their own record kept its state in its job's
+# result and its files in its job's work directory (``adopt`` moves both here).
+ADOPTED = ("listed", "embedded_by", "planned_shards", "backfill_planned", "transform", "curve",
+           "curve_directions", "curve_validation", "curve_note", "routed", "switch_at",
+           "switched_at_fraction", "switched_at", "checks", "switched_back_at_fraction",
+           "switched_back", "resumed_items", "gate_failed")
+ADOPTED_FILES = ("listing.json", "order.json", "validation.npz", "filled-by-reads")
+
+
+def adopt(jobs: JobStore, job: Any) -> MigrationState:
+    """The record of a migration opened before migrations kept one: its state read from
+    its job's result, its files copied from the job's work directory (a gateway upgraded
+    mid-migration goes on where it was)."""
+    fields = {k: job.result[k] for k in ADOPTED if job.result.get(k) is not None}
+    state = MigrationState.model_validate({"job": job.id, "gallery": job.gallery, **fields})
+    where = folder(jobs, job.id)
+    where.mkdir(parents=True, exist_ok=True)
+    work = jobs.work_dir(job.id)
+    for name in ADOPTED_FILES:
+        if (work / name).is_file() and not (where / name).exists():
+            shutil.copy2(work / name, where / name)
+    _write(where / STATE, state)
+    return state
+
+
 def remove(jobs: JobStore, job_id: str) -> None:
     """The migration ended (undone or retired): its folder goes."""
     shutil.rmtree(folder(jobs, job_id), ignore_errors=True)
