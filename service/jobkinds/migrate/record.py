@@ -155,12 +155,15 @@ def remove(jobs: JobStore, job_id: str) -> None:
 
 
 def write_json(path: Path, value: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(value))
-    os.replace(tmp, path)
+    _replace(path, json.dumps(value))
 
 
 def _write(path: Path, state: MigrationState) -> None:
+    _replace(path, state.model_dump_json(indent=1))
+
+
+def _replace(path: Path, text: str) -> None:
+    """``path`` rewritten whole (a temporary file, then a rename): never half written."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(state.model_dump_json(indent=1))
+    tmp.write_text(text)
     os.replace(tmp, path)

@@ -76,6 +76,7 @@ import qdrant_edge as edge
 from qdrant_client import models
 
 from service.state.errors import Unavailable
+from service.state.registry.index import fsync_path
 
 log = logging.getLogger(__name__)
 
@@ -124,15 +125,6 @@ class EngineBusy(RuntimeError):
 
 class IncompleteStore(Unavailable):
     """A directory ``store move`` did not finish."""
-
-
-def fsync_path(path: Path) -> None:
-    """Put ``path`` (a file, or a folder's entries) on disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_json_durably(path: Path, data: Any) -> None:

@@ -96,11 +96,12 @@ class IndexFile:
             _publish(tmp, self.path)
         finally:
             tmp.unlink(missing_ok=True)
-        _fsync_dir(self.root)
+        fsync_path(self.root)
 
 
-def _fsync_dir(path: Path) -> None:
-    """Persist the rename itself (directory entry) across a power loss."""
+def fsync_path(path: Path) -> None:
+    """Put ``path`` on disk (a file, or a folder's entries: a rename in it survives a
+    power loss)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
