@@ -67,7 +67,7 @@ VERSION = "up"  # native to v3, with a route into v1: it serves the gallery
 # the operator and the faults now and then).
 OPS = {"start": 2, "tick": 8, "work": 10, "fill": 2, "upsert": 2, "delete": 1, "pause": 1,
        "resume": 2, "cancel": 0.7, "switch": 1, "force": 1, "rollback": 1, "retire": 1.5,
-       "worker_death": 1, "fail_job": 0.3, "restart": 1}
+       "worker_death": 1, "fail_job": 0.3, "restart": 1, "keep": 2, "settle": 1}
 APPLIER_ACTIONS = ("progressive", "switch_back", "finish", "gate_failed", "fail", "cancel")
 
 
@@ -339,11 +339,14 @@ class Worker:
             "passed": passed, "gallery": GALLERY, "target": m.target.collection,
             "checks": [{"direction": "t2i", "migrated": 0.6 if passed else 0.4,
                         "routed": 0.5, "passed": passed}]}
-        if m.serving == "rerank":  # what serves, measured beside the route
-            below = bool((r // 4) % 2)
-            gate["serving"] = {"mode": "rerank@20", "native_below": below,
-                               "why": f"t2i: the native side 0.6 against rerank@20 "
-                                      f"{0.7 if below else 0.6}"}
+        below = bool((r // 4) % 2)  # the end states, measured beside the route
+        fused = 0.7 if below else 0.6
+        gate["serving"] = {  # as ``backfill.what_serves`` reports them
+            "mode": "rerank@20" if m.serving == "rerank" else m.serving, "rerank_k": 20,
+            "R@1": {"t2i": {"native": 0.6, "rerank@20": fused, "hybrid": fused}},
+            "native_below_fused": {"rerank@20": below, "hybrid": below},
+            "native_below": below and m.serving == "rerank",
+            "why": f"t2i: the native side 0.6 against rerank@20 {fused}"}
         port.jobs.finish_shard(job.id, n, "done", gate=gate)
         return f"gate {outcome}{' (native below what serves)' if gate.get('serving', {}).get('native_below') else ''}"
 
@@ -420,6 +423,14 @@ class Sequence:
                         if now.job else "the migration did not come to rest")
 
     # -------------------------------------------------------------- operations
+    def _settle(self, r: int, phase: str) -> None:
+        """Time passes without faults: the driver and the workers run until the
+        migration is at rest (each of their steps checked like any other), so that the
+        operator's actions after a backfill's end (switch, keep, cancel, retire) are
+        drawn as often as those during it."""
+        self.settle(np.random.default_rng(r))
+        self.expected = {self.phase()}  # each inner step was checked on its own
+
     def _start(self, r: int, phase: str) -> None:
         transform = bool(r & 1)
         params = MigrateParams(shards=1 + (r >> 1) % 2, batch_size=4, transform=transform,
@@ -530,6 +541,27 @@ class Sequence:
     def _force(self, r: int, phase: str) -> None:
         self._operator("switch", phase, lambda: actions.switch(
             self.port, GALLERY, by="sim", force=True, reason="the operator checked it"))
+
+    def _keep(self, r: int, phase: str) -> None:
+        """The operator keeps both sides as the served mode (rerank or hybrid): allowed
+        exactly where the table says, and then only when every item has its own new
+        vector (else a Conflict that names them)."""
+        from service.jobkinds.migrate import keep
+
+        mode = ("rerank", "hybrid")[r % 2]
+        m = self.now().migration
+        lacking = []
+        if m is not None:
+            own = {i for i, t in self.port.store.stored(m.target.collection).items()
+                   if (t.made or {}).get("by") != "transform"}
+            lacking = sorted(set(self.world.model.items) - own)
+        went = self._operator("keep", phase, lambda: keep.keep(
+            self.port, GALLERY, mode, by="sim", reason="both sides serve better"))
+        if went and lacking:
+            raise Violation(f"kept both sides while {len(lacking)} item(s) lacked a new vector")
+        if went and self.port.registry.gallery(GALLERY).migration.serving != mode:
+            raise Violation(f"kept with {mode}, the registry serves "
+                            f"{self.port.registry.gallery(GALLERY).migration.serving}")
 
     def _rollback(self, r: int, phase: str) -> None:
         self._operator("rollback", phase, lambda: actions.rollback(self.port, GALLERY, by="sim"))
@@ -644,6 +676,12 @@ class Sequence:
                 raise Violation(f"switched at the end without a passed gate of this side: {gate}")
             if (gate.get("serving") or {}).get("native_below"):
                 raise Violation("switched on its own to a native side below what served")
+        if after == "kept":  # both sides serve: the new one whole, NEW's own vectors
+            self._items(m.target.collection, m.target.space, whole=True)
+            if port.store.count_made(m.target.collection, "transform"):
+                raise Violation("kept both sides while the new one holds transformed vectors")
+            if m.serving not in ("rerank", "hybrid") or state is None or state.kept != m.serving:
+                raise Violation(f"kept, served by {m.serving}, recorded {state and state.kept}")
         if after == "serving" and before == "backfilling" and m.serving == "rerank":
             raise Violation("a migration served by rerank switched progressively (the curve "
                             "compares the side with the route, not with what serves)")

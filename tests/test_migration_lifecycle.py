@@ -30,7 +30,8 @@ EXPECTED = {
     "backfilling": {"cancel", "pause"},
     "serving": {"cancel", "rollback", "pause"},
     "stopped": {"resume", "rollback", "retire"},
-    "awaiting": {"switch", "cancel"},
+    "awaiting": {"switch", "cancel", "keep"},
+    "kept": {"switch", "cancel", "keep"},
     "switched": {"rollback", "retire"},
     "undoing": {"cancel"},
     "ended": set(),
@@ -59,12 +60,15 @@ CASES = [  # (registry state, job status, job result) -> phase
     ("backfilling", "cancelled", {}, "undoing"),
     ("switched", "succeeded", {}, "switched"),
     ("switched", "failed", {"gate_failed": True}, "switched"),  # forced past its gate
+    ("backfilling", "succeeded", {"kept": "rerank"}, "kept"),
+    ("backfilling", "failed", {"gate_failed": True, "kept": "hybrid"}, "kept"),
+    ("switched", "succeeded", {"kept": "hybrid"}, "switched"),  # switched from kept
 ]
 
 
-def _record(gate_failed: bool = False) -> MigrationState:
+def _record(gate_failed: bool = False, kept: str | None = None) -> MigrationState:
     return MigrationState(job="job-000000000001", gallery="shapes", listed=48,
-                          gate_failed=gate_failed)
+                          gate_failed=gate_failed, kept=kept)
 
 
 @pytest.mark.parametrize(("state", "status", "result", "phase"), CASES)
@@ -233,7 +237,7 @@ def test_a_failed_end_gate_after_a_progressive_switch_fails_and_switches_back(
         view = wait_for(lambda: (v := migration(client))["job_status"] == "failed" and v,
                         60, "the gate's outcome")
         assert view["state"] == "backfilling" and view["serving_space"] == "v1"
-        assert view["phase"] == "awaiting" and set(view["options"]) == {"switch", "cancel"}
+        assert view["phase"] == "awaiting" and set(view["options"]) == {"switch", "cancel", "keep"}
         assert "gate failed" in view["job_error"] and "force=true" in view["job_error"]
         assert view["result"]["gate_failed"] is True and view["result"]["switched"] is False
         history = client.get("/v1/galleries/shapes", headers=ADMIN).json()["history"]
@@ -303,3 +307,75 @@ def test_the_progressive_switch_does_not_wait_for_an_empty_spool(
         view = migration(client)
         assert view["state"] == "switched" and view["phase"] == "serving"
         assert view["progress"]["switched_at_fraction"] == round(38 / 48, 4)
+
+
+def test_both_sides_kept_serve_fused_searches_through_the_gateway(
+        micro_versions, world, up_version, tmp_path) -> None:
+    """The end state where both sides are kept (phase kept), through the gateway: the
+    view shows the end states and the cost before the choice; a bad mode is a 422 and
+    changes nothing; kept with hybrid, a plain search is hybrid (rerank: false the route's
+    order), a write reaches both sides; the mode changes to rerank; retire is refused by
+    the table; a switch then serves the native side alone."""
+    with migrating_stack(tmp_path, micro_versions, world, up_version) as (client, _):
+        started = _filled(client, transformed=0, switched=False)
+        gw = client.app.state.gateway  # type: ignore[attr-defined]
+        target = migration(client)["target"]["collection"]
+        measured = {"mode": "route", "rerank_k": 20, "native_below": False,
+                    "R@1": {"t2i": {"native": 0.5, "rerank@20": 0.6, "hybrid": 0.62}},
+                    "native_below_fused": {"rerank@20": True, "hybrid": True}, "why": "t2i"}
+        gw.jobs.update(started["id"], lambda j: j.merged(gate={
+            "passed": True, "gallery": "shapes", "target": target, "checks": [],
+            "serving": measured}))
+        gw.jobs.finish(started["id"], "succeeded")
+        before = migration(client)
+        assert before["phase"] == "awaiting" and "keep" in before["options"]
+        end = before["end"]
+        assert [c["end"] for c in end["choices"]] == ["native", "kept:rerank", "kept:hybrid"]
+        assert end["choices"][2]["R@1"] == {"t2i": 0.62} and end["choices"][2]["native_below"]
+        items = before["progress"]["items"]
+        assert end["cost_of_keeping"]["sides"]["target"]["points"] == items
+
+        bad = client.post("/v1/galleries/shapes/migration/keep", headers=ADMIN,
+                          json={"mode": "both"})
+        assert bad.status_code == 422 and "mode" in bad.text
+        assert migration(client)["phase"] == "awaiting"
+
+        kept = client.post("/v1/galleries/shapes/migration/keep", headers=ADMIN,
+                           json={"mode": "hybrid", "reason": "fused beats native"})
+        assert kept.status_code == 200, kept.text
+        view = kept.json()
+        assert (view["phase"], view["serving"], view["state"]) == ("kept", "hybrid",
+                                                                   "backfilling")
+        assert set(view["options"]) == {"switch", "cancel", "keep"}
+        assert view["record"]["kept"] == "hybrid" and view["record"]["kept_cost"]
+
+        def search(**extra: object) -> dict:
+            r = client.post("/v1/galleries/shapes/search", headers=ADMIN,
+                            json={"text": "a red circle", "top_k": 5, **extra})
+            assert r.status_code == 200, r.text
+            return r.json()
+
+        assert search()["route"] == "hybrid"
+        assert search(rerank=False)["route"] not in ("hybrid", "rerank")
+        assert search(rerank=True)["route"] == "rerank"
+        added = client.post("/v1/galleries/shapes/items", headers=ADMIN, json={"items": [
+            {"id": "kept-new", "text": "a green star"}]})
+        assert added.status_code in (200, 201, 202), added.text
+        for _ in range(50):  # the applier writes it to both sides
+            if gw.store.count(target) == items + 1:
+                break
+            time.sleep(0.2)
+        source = view["source"]["collection"]
+        assert gw.store.count(target) == gw.store.count(source) == items + 1
+
+        again = client.post("/v1/galleries/shapes/migration/keep", headers=ADMIN,
+                            json={"mode": "rerank", "rerank_k": 5})
+        assert again.status_code == 200 and (again.json()["serving"],
+                                             again.json()["rerank_k"]) == ("rerank", 5)
+        assert search()["route"] == "rerank"
+        refused = client.post("/v1/galleries/shapes/migration/retire", headers=ADMIN)
+        assert refused.status_code == 409 and "it is kept" in refused.text
+        switched = client.post("/v1/galleries/shapes/migration/switch", headers=ADMIN, json={})
+        assert switched.status_code == 200, switched.text
+        assert switched.json()["phase"] == "switched"
+        assert search()["route"] == "native"

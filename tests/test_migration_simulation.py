@@ -43,7 +43,8 @@ def test_random_sequences_keep_every_invariant(tmp_path: Path) -> None:
     moves = out["moves"]  # the sequences reach the phases worth checking
     for move in ("backfilling -> serving", "serving -> backfilling", "serving -> stopped",
                  "backfilling -> awaiting", "backfilling -> undoing", "serving -> rolled_back",
-                 "backfilling -> switched"):
+                 "backfilling -> switched", "awaiting -> kept", "kept -> switched",
+                 "kept -> ended"):
         assert moves.get(move), f"no sequence went {move}: {sorted(moves)}"
 
 
@@ -226,6 +227,67 @@ def test_a_rerank_served_migration_asks_before_a_switch_below_what_serves(
     assert shown["switch_refused"] == refused
     run(sim, ("switch", 0))
     assert sim.phase() == "switched"
+
+
+def _awaiting_below(sim: Sequence) -> None:
+    run(sim, ("start", RERANKED), ("work", GOOD_AT_10), ("tick", 0))
+    _to_the_gate(sim)
+    run(sim, ("work", GATE_PASS_BELOW), ("tick", 0))
+    assert sim.phase() == "awaiting"
+
+
+def test_the_operator_keeps_both_sides_as_the_served_mode(sim: Sequence) -> None:
+    """Below what serves, the operator sees the end states and their cost, keeps both
+    sides (phase kept: hybrid, then rerank), writes still reach both sides, and a switch
+    later serves the native side alone."""
+    from service.jobkinds.migrate import keep
+
+    _awaiting_below(sim)
+    end = sim.world.run(view(sim.port, GALLERY)).end
+    assert end is not None and end["native_below_what_serves"] is True
+    assert [c["end"] for c in end["choices"]] == ["native", "kept:rerank", "kept:hybrid"]
+    cost = end["cost_of_keeping"]
+    items = len(sim.world.model.items)
+    assert cost["sides"]["target"]["points"] == items == cost["sides"]["source"]["points"]
+    assert cost["vector_bytes_both"] == cost["vector_bytes_one_side"] * 2  # equal widths
+    sim.world.run(keep.keep(sim.port, GALLERY, "hybrid", by="ops", reason="better"))
+    assert sim.phase() == "kept"
+    m = sim.port.registry.gallery(GALLERY).migration
+    assert (m.serving, m.rerank_k) == ("hybrid", None)
+    state = sim.now().state
+    assert (state.kept, state.kept_by, state.kept_reason) == ("hybrid", "ops", "better")
+    assert state.kept_cost["vector_bytes_both"] == cost["vector_bytes_both"]
+    run(sim, ("upsert", 0), ("upsert", 1), ("delete", 2), ("tick", 0))  # both sides
+    sim.world.run(keep.keep(sim.port, GALLERY, "rerank", by="ops", rerank_k=7))
+    m = sim.port.registry.gallery(GALLERY).migration
+    assert (m.serving, m.rerank_k, sim.phase()) == ("rerank", 7, "kept")
+    history = [e.action for e in sim.port.registry.gallery(GALLERY).history]
+    assert history.count("migration-serving") == 2
+    run(sim, ("restart", 0), ("switch", 0))
+    assert sim.phase() == "switched"
+
+
+def test_keeping_both_sides_is_refused_while_an_item_lacks_its_new_vector(
+        sim: Sequence) -> None:
+    """A fused ranking reads every item's new vector: one missing is a 409 that names
+    it, and nothing changes."""
+    from service.jobkinds.migrate import keep
+    from service.state.errors import Conflict, InvalidInput
+
+    _awaiting_below(sim)
+    m = sim.port.registry.gallery(GALLERY).migration
+    lost = min(sim.world.model.items)
+    sim.port.store.delete(m.target.collection, [lost])
+    with pytest.raises(Conflict, match=f"1 item.*{lost}"):
+        sim.world.run(keep.keep(sim.port, GALLERY, "hybrid", by="ops"))
+    with pytest.raises(InvalidInput, match="mode must be one of rerank, hybrid"):
+        sim.world.run(keep.keep(sim.port, GALLERY, "both", by="ops"))
+    with pytest.raises(InvalidInput, match="rerank_k goes with mode rerank"):
+        sim.world.run(keep.keep(sim.port, GALLERY, "hybrid", by="ops", rerank_k=5))
+    assert sim.phase() == "awaiting"
+    assert sim.port.registry.gallery(GALLERY).migration.serving == "rerank"
+    assert sim.now().state.kept is None
+    assert sim.port.store.count(m.source.collection) == len(sim.world.model.items)
 
 
 def test_a_rerank_served_migration_does_not_switch_progressively(sim: Sequence) -> None:

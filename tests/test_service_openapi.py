@@ -107,6 +107,8 @@ def calls(artifact: Path) -> list[Call]:
         r(post, f"{migration}/cancel", headers=ADMIN),
         r(post, f"{migration}/pause", headers=ADMIN),
         r(post, f"{migration}/resume", headers=ADMIN),
+        r(post, f"{migration}/keep", headers=ADMIN, json={"mode": "hybrid"}),
+        r(post, f"{migration}/keep", headers=ADMIN, json={"mode": "both"}),
         r(post, plans, headers=ADMIN, json={"new": {"version": "v3"}}),
         r(post, plans, headers=ADMIN, json={"new": {"version": "v3"}, "objective": "x"}),
         r(get, plans, headers=ADMIN), r(get, f"{plans}/j-nope", headers=ADMIN),

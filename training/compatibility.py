@@ -90,3 +90,21 @@ def reranked_top1_hits(route: tuple[np.ndarray, np.ndarray], old: tuple[np.ndarr
     rel = np.asarray(relevance, bool)
     return {"t2i": hits(route[1], old[0], new[1], new[0], rel),
             "i2t": hits(route[0], old[1], new[0], new[1], rel.T)}
+
+
+def hybrid_top1_hits(route: tuple[np.ndarray, np.ndarray], old: tuple[np.ndarray, np.ndarray],
+                     new: tuple[np.ndarray, np.ndarray],
+                     relevance: np.ndarray) -> dict[str, np.ndarray]:
+    """Per-query top-1 hits of hybrid scoring with both sides whole: each item scored by
+    the route's query against its old vector plus the new model's query against its new
+    vector, the best sum first (``service.usecases.search.hybrid_search`` sums the same
+    two scores over the union of each side's candidates). Arguments as
+    ``reranked_top1_hits``."""
+    def hits(q_route: np.ndarray, g_old: np.ndarray, q_new: np.ndarray, g_new: np.ndarray,
+             rel: np.ndarray) -> np.ndarray:
+        top = (q_route @ g_old.T + q_new @ g_new.T).argmax(axis=1)
+        return rel[np.arange(len(top)), top]
+
+    rel = np.asarray(relevance, bool)
+    return {"t2i": hits(route[1], old[0], new[1], new[0], rel),
+            "i2t": hits(route[0], old[1], new[0], new[1], rel.T)}

@@ -32,6 +32,7 @@ from service.api.routes import (
     web,
 )
 from service.api.schemas.errors import ANY, API, BODY, error_responses
+from service.api.schemas.examples import restore_nulls
 from service.api.schemas.search import state_top_k_max
 from service.runtime import heap
 from service.runtime.gateway import open_gateway
@@ -111,6 +112,7 @@ def document_settings(app: FastAPI, settings: Settings) -> None:
         if fresh:
             state_top_k_max(document, settings.top_k_max)
             state_security(document, app, settings)
+            restore_nulls(document)  # FastAPI drops them, examples' included
         return document
 
     app.openapi = openapi  # type: ignore[method-assign]

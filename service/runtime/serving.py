@@ -62,6 +62,7 @@ class Serving:
     migration: str | None = None  # the open migration's state, if any
     migration_job: str | None = None  # its job (a read-through fill records what it wrote)
     reranks: bool = False  # the migration's serving mode is rerank (searches by default)
+    fuses: bool = False  # its serving mode is hybrid (both sides kept: searches by default)
     rerank_k: int | None = None  # its k (None: the server's rerank_k)
 
     def ready(self) -> Embedder:
@@ -167,6 +168,7 @@ class Runtime:
                        migration=m.state if m else None,
                        migration_job=m.job if m else None,
                        reranks=bool(m and m.serving == "rerank"),
+                       fuses=bool(m and m.serving == "hybrid"),
                        rerank_k=m.rerank_k if m else None)
 
     def _keep_previous(self, gallery: GalleryRecord, exc: Exception) -> Serving:

@@ -5,6 +5,7 @@ standard library only (``urllib.request``), so it runs wherever the package is i
     nobackfill migrate start --gallery demo --transform --order learned --switch progressive
     nobackfill migrate status --gallery demo [--json]
     nobackfill migrate switch|rollback|retire|cancel|resume --gallery demo
+    nobackfill migrate keep --gallery demo --mode rerank
 
 The gateway is ``--gateway`` (default ``$NOBACKFILL_GATEWAY``, else http://127.0.0.1:8000)
 and the admin key ``--key`` (default ``$NOBACKFILL_API_KEY``). An error answer of the
@@ -30,7 +31,8 @@ from service.stack.http_cli import (  # noqa: F401  (re-exported: the names this
 from service.stack.http_cli import pct as _pct
 from service.stack.http_cli import share as _share
 
-ACTIONS = ("start", "status", "switch", "rollback", "retire", "cancel", "pause", "resume")
+ACTIONS = ("start", "status", "switch", "rollback", "retire", "cancel", "pause", "resume",
+           "keep")
 
 
 def migration_path(gallery: str, action: str = "") -> str:
@@ -116,6 +118,27 @@ def status_rows(view: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(("not switched", str(result["switch_refused"])))
     if view.get("job_error"):
         rows.append(("job error", str(view["job_error"])))
+    rows += end_rows(view.get("end"))
+    return rows
+
+
+def end_rows(end: Any) -> list[tuple[str, str]]:
+    """The end states the gate measured, as rows: each choice's R@1, whether the native
+    side is below it, and what keeping both sides costs."""
+    if not isinstance(end, dict):
+        return []
+    rows = []
+    for choice in end.get("choices") or []:
+        r1 = ", ".join(f"{d} {v:.3f}" for d, v in (choice.get("R@1") or {}).items())
+        below = " (the native side is below it beyond the error)" \
+            if choice.get("native_below") else ""
+        rows.append((f"end: {choice.get('end')}", f"R@1 {r1}{below}; {choice.get('action')}"))
+    cost = end.get("cost_of_keeping") or {}
+    if cost.get("vector_bytes_both") is not None:
+        rows.append(("cost of keeping", (
+            f"vectors {cost['vector_bytes_both'] / 1e6:.1f} MB for both sides against "
+            f"{cost['vector_bytes_one_side'] / 1e6:.1f} MB for one; "
+            f"{cost.get('embeddings_per_write')} embeddings per write")))
     return rows
 
 
@@ -141,6 +164,9 @@ def run(args: argparse.Namespace, out: Any = None) -> int:
             answer = call(gateway, "POST", migration_path(gallery, "retire"), key)
             return shown(answer, args.json, out, f"retired: the {answer['dropped']['space']} "
                          f"side of {gallery} was deleted; it serves in space {answer['space']}")
+        elif args.action == "keep":
+            view = call(gateway, "POST", migration_path(gallery, "keep"), key,
+                        {"mode": args.mode, "rerank_k": args.rerank_k, "reason": args.reason})
         elif args.action in ("pause", "resume"):
             view = call(gateway, "POST", migration_path(gallery, args.action), key)
         else:  # cancel
@@ -208,4 +234,10 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
                        "migration: each shard stops at its cursor)")
     actions.add_parser("resume", parents=[common], help="go on with a paused backfill, or "
                                                         "one stopped after a switch")
+    keep = actions.add_parser("keep", parents=[common], help="at the end of the backfill: "
+                              "keep both sides as the served mode (rerank or hybrid) "
+                              "instead of switching")
+    keep.add_argument("--mode", choices=("rerank", "hybrid"), required=True)
+    keep.add_argument("--rerank-k", type=int, help="with rerank: candidates ranked")
+    keep.add_argument("--reason")
     p.set_defaults(func=run)

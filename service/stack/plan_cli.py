@@ -111,6 +111,27 @@ OPTION_HEADER = ("", "option", "share t2i", "share i2t", "neg flip", "+ms", "com
                  "why not")
 
 
+END_HEADER = ("option", "native t2i", "native i2t", "kept t2i", "kept i2t",
+              "native below", "kept gallery")
+
+
+def end_rows(plan: dict[str, Any]) -> list[list[str]]:
+    """Each option with an end to choose: the native side's shares against both sides
+    kept with its ranking, whether the native side is below beyond the error (then the
+    migration waits for the operator at its end), and the vectors both sides take."""
+    rows = []
+    for o in plan.get("options") or []:
+        end = _dict(o.get("end"))
+        if not end:
+            continue
+        native, kept = _dict(end.get("native")), _dict(end.get("kept"))
+        rows.append([_text(o.get("name")), share(native.get("t2i")), share(native.get("i2t")),
+                     share(kept.get("t2i")), share(kept.get("i2t")),
+                     "yes: asks the operator" if end.get("native_below_kept") else "no",
+                     f"{_dict(end.get('kept_storage')).get('gallery_bytes', 0) / 1e6:.1f} MB"])
+    return rows
+
+
 def curve_rows(curve: dict[str, Any]) -> list[list[str]]:
     """The curve's points at ``CURVE_AT`` and at its switch: backfilled, compute, shares."""
     switch = curve.get("switch_at")
@@ -175,6 +196,10 @@ def render(view: dict[str, Any]) -> str:
     rec = _dict(plan.get("recommendation"))
     chosen = rec.get("option")
     parts.append(f"recommendation: {chosen if chosen else 'none'}\n  why: {_text(rec.get('why'))}")
+    ends = end_rows(plan)
+    if ends:
+        parts.append("at the end of a migration served by rerank (the native side alone, "
+                     "or both sides kept):\n" + grid(END_HEADER, ends))
     curve = _dict(plan.get("curve"))
     if curve.get("points"):
         switch = curve.get("switch_at")

@@ -15,7 +15,12 @@ item ranks as if both sides held it, neither behind nor ahead of the re-embedded
 of equal merit; the other side's score as it is would favour the side whose cosines run
 higher). Two forwards (or one forward and a map, for an adapter route), two searches
 and a vector read per query: ``bench frontier`` measures the gain, ``bench hybrid`` the
-added latency."""
+added latency.
+
+How a search that names neither ``hybrid`` nor ``rerank`` is served follows the gallery's
+migration: ``rerank`` when it is served by rerank on read, ``hybrid`` when the operator
+kept both sides with that mode (phase ``kept``, ``service.jobkinds.migrate.keep``);
+``rerank: false`` asks for the route's order in either case."""
 
 from __future__ import annotations
 
@@ -67,7 +72,8 @@ async def search(gateway: Gateway, gallery: str, query: Query) -> Answer:
     check_query(query, gateway.settings.top_k_max, gateway.settings.rerank_k_max)
     serving = gateway.runtime.serving(gallery)
     embedder = serving.ready()  # 409 when the version has no route into the gallery's space
-    if query.hybrid:
+    if query.hybrid or (query.rerank is None and serving.fuses
+                        and serving.migration == "backfilling"):
         if query.rerank:
             raise InvalidInput("give hybrid or rerank, not both")
         return await hybrid_search(gateway, serving, embedder, query)

@@ -1,7 +1,8 @@
 """A gallery's migration into its active version's native space (admin): start it (a
 ``migrate`` job), watch it, switch, roll back, retire the side that does not serve, pause
-or resume its backfill, or cancel it (before a switch the target side is dropped; after
-a progressive switch the backfill stops and can be resumed). Every action asks the
+or resume its backfill, keep both sides as the served mode at its end, or cancel it
+(before a switch the target side is dropped; after a progressive switch the backfill
+stops and can be resumed). Every action asks the
 lifecycle table: a refused one is a 409 that names the phase and what is allowed."""
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ from fastapi import APIRouter
 
 from service.api import API_V1
 from service.api.deps import AdminDep, GatewayDep
+from service.api.schemas.examples import MIGRATE_JOB, MIGRATION_RESPONSE, example_response
 from service.api.schemas.jobs import JobOut
 from service.api.schemas.migrations import (
+    KeepIn,
     MigrationIn,
     MigrationOut,
     ReasonIn,
@@ -21,13 +24,15 @@ from service.api.schemas.migrations import (
 )
 from service.jobkinds.migrate import KIND as MIGRATE
 from service.jobkinds.migrate import actions as migration
+from service.jobkinds.migrate import keep as ending
 from service.jobkinds.migrate.view import view
 from service.usecases import jobs
 
 router = APIRouter(prefix=f"{API_V1}/galleries/{{gallery}}/migration", tags=["migrations"])
 
 
-@router.post("", response_model=JobOut, status_code=202)
+@router.post("", response_model=JobOut, status_code=202,
+             responses=example_response(202, MIGRATE_JOB))
 async def start(gallery: str, body: MigrationIn, gateway: GatewayDep, admin: AdminDep) -> JobOut:
     """Re-embed every item with the active version natively into a new side, while
     searches go on through its route; switch when done and gated (auto_switch). 409 while
@@ -35,7 +40,8 @@ async def start(gallery: str, body: MigrationIn, gateway: GatewayDep, admin: Adm
     return JobOut.of(await jobs.submit_job(gateway, MIGRATE.name, gallery, body, False, admin))
 
 
-@router.get("", response_model=MigrationOut)
+@router.get("", response_model=MigrationOut,
+            responses=example_response(200, MIGRATION_RESPONSE))
 async def get(gallery: str, gateway: GatewayDep, _: AdminDep) -> MigrationOut:
     """State, sides, progress (done/total, items/s, ETA), gate and unreadable items."""
     return MigrationOut.of(await view(gateway, gallery))
@@ -94,4 +100,17 @@ async def resume(gallery: str, gateway: GatewayDep, _: AdminDep) -> MigrationOut
     transformed vectors, or none, are re-embedded). 409 in any other phase (the message
     lists what is allowed)."""
     await migration.resume(gateway, gallery)
+    return MigrationOut.of(await view(gateway, gallery))
+
+
+@router.post("/keep", response_model=MigrationOut)
+async def keep(gallery: str, body: KeepIn, gateway: GatewayDep,
+               admin: AdminDep) -> MigrationOut:
+    """At the end of the backfill, instead of switching: keep both sides as the served
+    mode (phase kept), searches ranked by rerank or hybrid and every write embedded into
+    both; or change the mode of a kept migration. The view's ``end`` shows what each end
+    state measured and what keeping costs. 409 in any other phase, or while an item has
+    no new vector of its own."""
+    await ending.keep(gateway, gallery, body.mode, by=admin, rerank_k=body.rerank_k,
+                      reason=body.reason)
     return MigrationOut.of(await view(gateway, gallery))

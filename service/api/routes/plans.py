@@ -7,6 +7,7 @@ from fastapi import APIRouter
 
 from service.api import API_V1
 from service.api.deps import AdminDep, GatewayDep
+from service.api.schemas.examples import PLAN_JOB, example_response
 from service.api.schemas.jobs import JobOut
 from service.api.schemas.plans import AppliedOut, ApplyIn, PlanIn, PlanOut
 from service.jobkinds.plan import KIND as PLAN
@@ -15,7 +16,8 @@ from service.usecases import jobs, plans
 router = APIRouter(prefix=f"{API_V1}/galleries/{{gallery}}/plans", tags=["plans"])
 
 
-@router.post("", response_model=JobOut, status_code=202)
+@router.post("", response_model=JobOut, status_code=202,
+             responses=example_response(202, PLAN_JOB))
 async def start(gallery: str, body: PlanIn, gateway: GatewayDep, admin: AdminDep) -> JobOut:
     """Measure every way to the candidate model on this gallery (a sample the candidate
     embeds; the gallery's validation set) and recommend one under the constraints. 422

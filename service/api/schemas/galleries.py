@@ -6,6 +6,7 @@ from pydantic import BaseModel, ConfigDict, Field, Json, StringConstraints
 from pydantic.json_schema import WithJsonSchema
 
 from service.api.schemas import inline_schema
+from service.api.schemas.examples import INGEST_RESPONSE, ITEMS_REQUEST, examples
 from service.runtime.serving import Serving
 from service.state.registry import Event, GalleryRecord
 
@@ -117,12 +118,14 @@ class ItemIn(BaseModel):
 
 
 class ItemsIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=examples(ITEMS_REQUEST))
 
     items: list[ItemIn] = Field(min_length=1)
 
 
 class IngestOut(BaseModel):
+    model_config = ConfigDict(json_schema_extra=examples(INGEST_RESPONSE))
+
     gallery: str
     version: str
     space: str

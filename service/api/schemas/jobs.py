@@ -13,8 +13,10 @@ from pydantic import (
     StrictBool,
     create_model,
 )
+from pydantic.json_schema import Examples
 from pydantic_core import PydanticCustomError
 
+from service.api.schemas.examples import JOB_REQUEST
 from service.jobkinds import KINDS, JobKind, Params
 from service.state.jobs import Job
 
@@ -66,11 +68,11 @@ def job_union(kinds: dict[str, JobKind]) -> Any:
                      Discriminator("kind"), BeforeValidator(known_kind)]
 
 
-# The registered kinds (``service.jobkinds.KINDS``).
+# The registered kinds (``service.jobkinds.KINDS``), with an example for the document.
 if TYPE_CHECKING:  # what a type checker can follow: every member is a JobBase
     JobIn = JobBase
 else:
-    JobIn = job_union(KINDS)
+    JobIn = Annotated[job_union(KINDS), Examples([JOB_REQUEST])]
 
 
 class JobOut(BaseModel):

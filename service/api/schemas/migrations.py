@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from service.api.schemas import FORCE_NEEDS_REASON, needs_reason
+from service.api.schemas.examples import MIGRATION_REQUEST, SWITCH_REQUEST, examples
 from service.api.schemas.galleries import ItemId
-from service.jobkinds.migrate.lifecycle import PHASES, options, phase_of
+from service.jobkinds.migrate.lifecycle import OPERATOR, PHASES, options, phase_of
 from service.jobkinds.migrate.params import MigrateParams
 from service.jobkinds.migrate.view import MigrationView
 
@@ -16,11 +17,15 @@ from service.jobkinds.migrate.view import MigrationView
 class MigrationIn(MigrateParams):
     """Start a migration (a ``migrate`` job; the same as POST /v1/jobs with that kind)."""
 
+    model_config = ConfigDict(json_schema_extra=examples(MIGRATION_REQUEST))
+
 
 class SwitchIn(BaseModel):
     """``force: true`` needs a non-blank ``reason`` (stated as the schema's if/then)."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra=FORCE_NEEDS_REASON)
+    model_config = ConfigDict(extra="forbid",
+                              json_schema_extra={**FORCE_NEEDS_REASON,
+                                                 **examples(SWITCH_REQUEST)})
 
     drop: list[ItemId] = Field(default_factory=list, max_length=100_000, description=(
         "items without a new vector (unreadable sources) to delete from both sides so the "
@@ -33,6 +38,20 @@ class SwitchIn(BaseModel):
     def _reason_when_forced(self) -> SwitchIn:
         needs_reason(self.force, self.reason, "a forced switch")
         return self
+
+
+class KeepIn(BaseModel):
+    """Keep both sides as the served mode at the end of the backfill (phase kept)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["rerank", "hybrid"] = Field(description=(
+        "the fused ranking searches get: rerank (the route's top rerank_k ranked by the "
+        "new model's stored vectors) or hybrid (both sides' scores summed)"))
+    rerank_k: int | None = Field(None, ge=1, description=(
+        "with rerank: how many of the route's candidates (default: the migration's, else "
+        "the server's rerank_k; at most rerank_k_max)"))
+    reason: str | None = Field(None, max_length=1000, description="recorded")
 
 
 class ReasonIn(BaseModel):
@@ -50,17 +69,16 @@ class MigrationOut(BaseModel):
     gallery: str
     state: str = Field(description="backfilling | switched | rolled_back (which side serves)")
     phase: str = Field(description=(
-        "the migration's life (service/jobkinds/migrate/lifecycle.py): backfilling | serving "
-        "(switched progressively, the backfill still runs) | stopped (cancelled or failed "
-        "after a switch: resumable) | awaiting (the backfill ended without a switch: the "
-        "operator decides) | switched | rolled_back | undoing"))
+        "the migration's life (service/jobkinds/migrate/lifecycle.py): " + "; ".join(
+            f"{name}: {note}" for name, note in PHASES.items())))
     phase_note: str = Field(description="what the phase means, in words")
-    options: list[str] = Field(description="the operator's actions allowed now (switch, "
-                                           "rollback, retire, cancel, resume)")
+    options: list[str] = Field(description="the operator's actions allowed now (of "
+                                           f"{', '.join(OPERATOR)})")
     job_error: str | None = Field(None, description="why the job failed or stopped (a failed "
                                                     "gate names the operator's options)")
-    serving: str = Field("route", description="how searches are served while the new side "
-                                              "fills: route, or rerank (with rerank_k)")
+    serving: str = Field("route", description="how searches are served while the source "
+                                              "side serves: route, rerank (with rerank_k), "
+                                              "or hybrid (both sides kept)")
     rerank_k: int | None = None
     serving_space: str = Field(description="the space the gallery answers in now")
     version: str = Field(description="the version whose native space is the target")
@@ -89,6 +107,13 @@ class MigrationOut(BaseModel):
         "unreadable_count), then the record's: gate_failed, checks, switched_at_fraction, "
         "switched_back_at_fraction, switched_back, resumed_items, and at the end missing, "
         "switched, gate_passed, switch_refused, options"))
+    end: dict[str, Any] | None = Field(None, description=(
+        "once the backfill has ended without a switch (awaiting) or both sides were kept "
+        "(kept): the end states the gate measured at R@1 (the native side alone, "
+        "rerank@k, hybrid), whether the native side is below what serves now "
+        "(native_below_what_serves: then the automatic switch waited for the operator), "
+        "the choices (switch, keep with a mode) and the cost of keeping both sides "
+        "(service/jobkinds/migrate/keep.py)"))
     record: dict[str, Any] | None = Field(None, description=(
         "the migration's own record as stored (listing, plan, transform outcome and curve, "
         "switches and checks, the end's outcome): service/jobkinds/migrate/record.py"))
@@ -105,7 +130,7 @@ class MigrationOut(BaseModel):
                    target=SideOut(**m.target.__dict__), job=m.job,
                    job_status=job.status if job else None, started_at=m.started_at,
                    started_by=m.by, progress=found.progress, gate=job.gate if job else None,
-                   result=found.result(),
+                   result=found.result(), end=found.end,
                    record=found.state.model_dump() if found.state else None)
 
 

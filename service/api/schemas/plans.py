@@ -7,6 +7,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from service.api.schemas import FORCE_NEEDS_REASON, needs_reason
+from service.api.schemas.examples import (
+    APPLIED_RESPONSE,
+    APPLY_REQUEST,
+    PLAN_REQUEST,
+    PLAN_RESPONSE,
+    examples,
+)
 from service.api.schemas.jobs import JobOut
 from service.jobkinds.plan import PlanParams
 from service.usecases.plans import Applied, PlanView
@@ -15,8 +22,12 @@ from service.usecases.plans import Applied, PlanView
 class PlanIn(PlanParams):
     """Start a plan (a ``plan`` job; the same as POST /v1/jobs with that kind)."""
 
+    model_config = ConfigDict(json_schema_extra=examples(PLAN_REQUEST))
+
 
 class PlanOut(BaseModel):
+    model_config = ConfigDict(json_schema_extra=examples(PLAN_RESPONSE))
+
     id: str
     gallery: str
     status: str
@@ -49,7 +60,9 @@ class PlanOut(BaseModel):
 class ApplyIn(BaseModel):
     """Apply one option of the plan; ``force: true`` (a stale plan) needs a ``reason``."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra=FORCE_NEEDS_REASON)
+    model_config = ConfigDict(extra="forbid",
+                              json_schema_extra={**FORCE_NEEDS_REASON,
+                                                 **examples(APPLY_REQUEST)})
 
     option: str = Field(min_length=1, max_length=200, description="an option's name")
     force: StrictBool = Field(False, description="apply although the plan is stale")
@@ -62,6 +75,8 @@ class ApplyIn(BaseModel):
 
 
 class AppliedOut(BaseModel):
+    model_config = ConfigDict(json_schema_extra=examples(APPLIED_RESPONSE))
+
     plan: str
     option: str
     job: JobOut = Field(description="the job it started: adapter (a route, gated and "

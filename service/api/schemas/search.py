@@ -18,6 +18,7 @@ from pydantic import (
 from pydantic.json_schema import WithJsonSchema
 
 from service.api.schemas import inline_schema
+from service.api.schemas.examples import SEARCH_REQUEST, SEARCH_RESPONSE, examples
 from service.usecases.search import Answer
 
 Kind = Literal["image", "text"]
@@ -67,7 +68,8 @@ ONE_QUERY: dict[str, Any] = {"oneOf": [
 class SearchRequest(BaseModel):
     """A JSON search: exactly one of ``text`` or ``image_base64``."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra=ONE_QUERY)
+    model_config = ConfigDict(extra="forbid",
+                              json_schema_extra={**ONE_QUERY, **examples(SEARCH_REQUEST)})
 
     text: Text | None = Field(None, description="text query")
     image_base64: str | None = Field(None, description="image query, base64 or a data: URL")
@@ -120,6 +122,8 @@ class HitOut(BaseModel):
 
 
 class SearchResponse(BaseModel):
+    model_config = ConfigDict(json_schema_extra=examples(SEARCH_RESPONSE))
+
     gallery: str
     version: str = Field(description="the version that embedded the query")
     route: str = Field(description="how that version reached the gallery's space")

@@ -131,36 +131,43 @@ def run_gate(ctx: RunContext) -> dict[str, Any]:
               "gallery": gallery.name, "target": m.target.collection, "version": m.version,
               "old_gallery_version": old.version_id,
               "validation": validation, "validation_items": len(dataset)}
-    if m.serving == "rerank":
-        k = min(m.rerank_k or ctx.settings.rerank_k, ctx.settings.rerank_k_max)
-        report["serving"] = what_serves(cache, old, target, dataset, k)
+    k = min(m.rerank_k or ctx.settings.rerank_k, ctx.settings.rerank_k_max)
+    report["serving"] = what_serves(cache, old, target, dataset, k, m.serving)
     return report
 
 
 def what_serves(cache: dict[tuple[str, str], Any], old: Any, target: Any, dataset: Any,
-                k: int) -> dict[str, Any]:
-    """What a rerank-served migration serves (rerank@k: the route's top k ranked by the new
-    model) against the native side alone, at R@1 on the validation set, and whether the
-    native side is below it beyond the error (one-sided test at 5%, an image with its
-    captions as one unit: ``simulate.falls_below``). The gate still passes or fails against
-    the route; this decides whether the switch may be made without asking."""
-    from training.compatibility import cell_top1_hits, reranked_top1_hits
+                k: int, serving: str) -> dict[str, Any]:
+    """The end states of the migration at R@1 on the validation set: the native side
+    alone, and both sides kept with a fused ranking (``rerank@k``: the route's top k
+    ranked by the new model; ``hybrid``: both sides' scores summed), with, for each fused
+    one, whether the native side is below it beyond the error (one-sided test at 5%, an
+    image with its captions as one unit: ``simulate.falls_below``). ``native_below``: the
+    native side is below what serves now (a migration served by rerank: rerank@k; by the
+    route, the gate itself compares). The gate still passes or fails against the route;
+    this decides whether the switch may be made without asking, and what the operator
+    sees of the choice (``keep.end_report``)."""
+    from training.compatibility import cell_top1_hits, hybrid_top1_hits, reranked_top1_hits
     from training.upgrades.transform.simulate import falls_below
 
     relevance = dataset.relevance("en")  # as compatibility_of_artifacts embedded it
-    native = cell_top1_hits(cache, target, target, relevance)
-    reranked = reranked_top1_hits(cache[(target.version_id, old.space)],
-                                  cache[(old.version_id, old.space)],
-                                  cache[(target.version_id, target.space)], relevance, k)
+    route, stored = cache[(target.version_id, old.space)], cache[(old.version_id, old.space)]
+    own = cache[(target.version_id, target.space)]
+    fused = f"rerank@{k}"
+    hits = {"native": cell_top1_hits(cache, target, target, relevance),
+            fused: reranked_top1_hits(route, stored, own, relevance, k),
+            "hybrid": hybrid_top1_hits(route, stored, own, relevance)}
     owners = np.asarray(relevance, bool).argmax(axis=1)
     units = {"t2i": owners, "i2t": np.arange(relevance.shape[1])}
-    hits = {"native": native, "serving": reranked}
-    below = falls_below(hits, "native", "serving", list(DIRECTIONS), units)
-    r1 = {d: {"native": round(float(native[d].mean()), 4),
-              "serving": round(float(reranked[d].mean()), 4)} for d in DIRECTIONS}
-    why = "; ".join(f"{d}: the native side {v['native']:.3f} against rerank@{k} "
-                    f"{v['serving']:.3f}" for d, v in r1.items())
-    return {"mode": f"rerank@{k}", "R@1": r1, "native_below": bool(below), "why": why}
+    below = {mode: bool(falls_below(hits, "native", mode, list(DIRECTIONS), units))
+             for mode in (fused, "hybrid")}
+    r1 = {d: {name: round(float(h[d].mean()), 4) for name, h in hits.items()}
+          for d in DIRECTIONS}
+    now = fused if serving == "rerank" else None
+    why = "; ".join(f"{d}: the native side {v['native']:.3f} against {fused} {v[fused]:.3f}, "
+                    f"hybrid {v['hybrid']:.3f}" for d, v in r1.items())
+    return {"mode": now or serving, "rerank_k": k, "R@1": r1, "native_below_fused": below,
+            "native_below": bool(now and below[now]), "why": why}
 
 
 def _gallery_version(registry: Registry, embedded_by: dict[str, int], history: Any,

@@ -32,6 +32,7 @@ from service.jobkinds.migrate.actions import (
     switch_back,
 )
 from service.jobkinds.migrate.check import CHECK_EVERY, live_check
+from service.jobkinds.migrate.keep import below_what_serves
 from service.jobkinds.migrate.lifecycle import phase_of
 from service.jobkinds.migrate.params import MigrateParams
 from service.jobkinds.migrate.planning import plan_after_transform, ranges, write_shards
@@ -163,19 +164,6 @@ async def finish(gateway: GatewayPort, record: GalleryRecord, job: Job,
     await asyncio.to_thread(records.merge, gateway.jobs, job.id, outcome=outcome,
                             gate_failed=not passed, **switched)
     await asyncio.to_thread(gateway.jobs.finish, job.id, "succeeded")
-
-
-def below_what_serves(gate: dict[str, Any]) -> str | None:
-    """Why the switch waits for the operator although the gate passed: the migration is
-    served by rerank on read and the native side alone is below what serves beyond the
-    error (the gate measured both: ``backfill.what_serves``); None otherwise."""
-    serving = gate.get("serving") or {}
-    if not serving.get("native_below"):
-        return None
-    return (f"the native side alone is below what serves now ({serving.get('why')}): "
-            f"switching would lower quality; switch (POST .../migration/switch) to serve "
-            f"the native side alone, or leave it (the migration stays open, served by "
-            f"{serving.get('mode')}, both sides kept and written), or cancel")
 
 
 async def _gate_failed_after_switch(gateway: GatewayPort, record: GalleryRecord, job: Job,

@@ -1,6 +1,6 @@
 """A migration's life as one state machine: its phases, and which action moves it from
 one to another (every allowed transition is listed here, once). Every transition, the
-operator's (``actions``: switch, rollback, retire, cancel, pause, resume) and the
+operator's (``actions``: switch, rollback, retire, cancel, pause, resume, keep) and the
 applier's (``drive``: progressive, switch_back, finish, gate_failed, fail, and the
 cancel it carries out: stop or undo), asks ``require`` before it changes anything; a
 refused one is a Conflict (409) naming the phase and what is allowed.
@@ -8,8 +8,8 @@ refused one is a Conflict (409) naming the phase and what is allowed.
 A phase is read off three records: the registry's migration (which side serves:
 ``backfilling`` = the source, ``switched`` = the target, ``rolled_back`` = the source
 again), its job (the backfill runs, or ended and how) and the migration's own record
-(``record.MigrationState``: whether the job ended by its gate). No phase is stored, so
-none can disagree with them.
+(``record.MigrationState``: whether the job ended by its gate, whether the operator kept
+both sides). No phase is stored, so none can disagree with them.
 """
 
 from __future__ import annotations
@@ -33,6 +33,11 @@ PHASES: dict[str, str] = {
     "awaiting": "the backfill ended without a switch (the gate failed, auto_switch is off, "
                 "or items have no new vector): the source side serves; the operator switches "
                 "(force, with a reason, past a failed gate) or cancels",
+    "kept": "the backfill is over and both sides are kept as the served mode: searches "
+            "are ranked by both (rerank: the route's top k scored by the new model's "
+            "stored vectors; hybrid: both sides' scores summed), every write is embedded "
+            "into both; switch to serve the native side alone, keep to change the mode, "
+            "or cancel to drop the new side",
     "switched": "the target side serves and the backfill is over",
     "rolled_back": "the source side serves again after a switch; the target side is kept "
                    "(and still written) until retired",
@@ -42,12 +47,14 @@ PHASES: dict[str, str] = {
 }
 
 # phase -> action -> the phase it leads to. Actions: the operator's (switch, rollback,
-# retire, cancel, pause, resume) and the applier's (progressive, switch_back, finish,
+# retire, cancel, pause, resume, keep) and the applier's (progressive, switch_back, finish,
 # gate_failed, fail: its job failed, by a shard or a batch it could not write; the undo
 # of an ``undoing`` migration is its ``fail`` or ``cancel``). ``finish`` from backfilling
 # lands in switched or awaiting: the gate decides. ``pause`` holds a running backfill's shards at their cursors (a lazy
 # migration: reranked searches fill the new side meanwhile) without leaving the phase;
-# ``resume`` queues them again (or, after a stop, plans what is left).
+# ``resume`` queues them again (or, after a stop, plans what is left). ``keep`` makes
+# both sides the served mode at the end of the backfill (its mode can be changed).
+# ``cancel`` from awaiting or kept undoes the migration at once (no backfill runs).
 TRANSITIONS: dict[str, dict[str, str]] = {
     "backfilling": {"progressive": "serving", "finish": "switched|awaiting",
                     "cancel": "ended", "fail": "undoing", "pause": "backfilling",
@@ -57,13 +64,14 @@ TRANSITIONS: dict[str, dict[str, str]] = {
                 "gate_failed": "awaiting", "cancel": "stopped", "rollback": "rolled_back",
                 "pause": "serving", "resume": "serving", "fail": "stopped"},
     "stopped": {"resume": "serving", "rollback": "rolled_back", "retire": "ended"},
-    "awaiting": {"switch": "switched", "cancel": "ended"},
+    "awaiting": {"switch": "switched", "cancel": "ended", "keep": "kept"},
+    "kept": {"switch": "switched", "cancel": "ended", "keep": "kept"},
     "switched": {"rollback": "rolled_back", "retire": "ended"},
     "rolled_back": {"retire": "ended", "cancel": "rolled_back", "resume": "rolled_back",
                     "pause": "rolled_back", "finish": "rolled_back", "fail": "rolled_back"},
     "ended": {},
 }
-OPERATOR = ("switch", "rollback", "retire", "cancel", "pause", "resume")
+OPERATOR = ("switch", "rollback", "retire", "cancel", "pause", "resume", "keep")
 
 
 def phase_of(m: Migration | None, job: Job | None,
@@ -81,6 +89,8 @@ def phase_of(m: Migration | None, job: Job | None,
         return "rolled_back"
     if running:
         return "backfilling"
+    if state is not None and state.kept:
+        return "kept"
     if job is None or job.status == "succeeded" or _gate_failed(state):
         return "awaiting"
     return "undoing"

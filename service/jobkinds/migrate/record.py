@@ -74,6 +74,14 @@ class MigrationState(BaseModel):
     # gate (not a stop); outcome says what happened and why.
     gate_failed: bool = False
     outcome: dict[str, Any] = Field(default_factory=dict)
+    # The operator's choice to keep both sides as the served mode (``actions.keep``:
+    # phase ``kept``): "rerank" or "hybrid", when, by whom, why, and what the two sides
+    # cost when it was chosen (``view.kept_cost``).
+    kept: str | None = None
+    kept_at: str | None = None
+    kept_by: str | None = None
+    kept_reason: str | None = None
+    kept_cost: dict[str, Any] | None = None
 
     @property
     def planning(self) -> bool:

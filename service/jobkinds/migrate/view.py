@@ -18,7 +18,8 @@ from typing import Any
 
 from service.jobkinds.base import GatewayPort
 from service.jobkinds.migrate.actions import current
-from service.jobkinds.migrate.lifecycle import paused
+from service.jobkinds.migrate.keep import end_report, kept_cost
+from service.jobkinds.migrate.lifecycle import paused, phase_of
 from service.jobkinds.migrate.params import MigrateParams
 from service.jobkinds.migrate.record import MigrationState
 from service.state.errors import NotFound, shown
@@ -61,6 +62,8 @@ class MigrationView:
     job: Job | None
     state: MigrationState | None
     progress: dict[str, Any]
+    # the end states the gate measured and the operator's choice (``keep.end_report``)
+    end: dict[str, Any] | None = None
 
     def result(self) -> dict[str, Any]:
         """The job's write counts, then what the migration's record says of its end and
@@ -70,7 +73,7 @@ class MigrationView:
             out.update(self.state.outcome)
             out.update(self.state.model_dump(include={
                 "gate_failed", "checks", "switched_at_fraction", "switched_back_at_fraction",
-                "switched_back", "resumed_items"}))
+                "switched_back", "resumed_items", "kept", "kept_at", "kept_by"}))
         return out
 
 
@@ -81,7 +84,12 @@ async def view(gateway: GatewayPort, gallery: str) -> MigrationView:
     m = now.migration
     side = await asyncio.to_thread(counts, gateway.store, m)
     shown_progress = progress(now.job, now.state, side) if now.job else {}
-    return MigrationView(now.record, m, now.job, now.state, shown_progress)
+    phase = phase_of(m, now.job, now.state)
+    end = None
+    if phase in ("awaiting", "kept"):  # the choice is open (or made): show it, with its cost
+        cost = await asyncio.to_thread(kept_cost, gateway.store, m)
+        end = end_report(now.record.name, m, now.job, phase, cost)
+    return MigrationView(now.record, m, now.job, now.state, shown_progress, end)
 
 
 def job_progress(job: Job) -> dict[str, Any]:

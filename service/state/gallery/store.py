@@ -192,6 +192,12 @@ class GalleryStore:
             vectors = self.client.get_collection(aliases[gallery]).config.params.vectors
         return int(vectors["image"].size)  # type: ignore[index]
 
+    def width(self, collection: str) -> int:
+        """The vector width of ``collection`` (a collection's name, not an alias)."""
+        with self._call():
+            vectors = self.client.get_collection(collection).config.params.vectors
+        return int(vectors["image"].size)  # type: ignore[index]
+
     def upsert(self, gallery: str, items: Sequence[Item], version: str, space: str) -> None:
         points = [_point(item, version, space) for item in items]
         with self._call(gallery):

@@ -66,6 +66,7 @@ class Event:
     """One change of a gallery's active version: who, when, why."""
 
     action: str  # "create" | "promote" | "rollback" | "migrate" | "migration-rollback"
+    # | "migration-switch-back" | "migration-serving"
     version: str
     previous: str | None
     by: str
@@ -108,8 +109,10 @@ class Migration:
     state: str  # backfilling | switched | rolled_back
     started_at: str
     by: str
-    # How searches are served while the new side fills: "route" (the route's order), or
-    # "rerank" (the route's top ``rerank_k`` ranked by NEW, service/usecases/rerank.py).
+    # How searches are served while the source side serves: "route" (the route's order),
+    # "rerank" (the route's top ``rerank_k`` ranked by NEW, service/usecases/rerank.py),
+    # or "hybrid" (both sides' scores summed, service/usecases/search.py; chosen by the
+    # operator's ``keep`` at the end of the backfill).
     serving: str = "route"
     rerank_k: int | None = None
 

@@ -352,6 +352,20 @@ class Registry:
             return _save(index, switched.with_event(event))
         return self.index.update(change)
 
+    def serve_migration(self, gallery: str, *, serving: str, rerank_k: int | None,
+                        by: str, reason: str | None = None) -> GalleryRecord:
+        """How an open migration's searches are served while the source side serves
+        (``serving``: route, rerank or hybrid; ``rerank_k`` with rerank), recorded as a
+        ``migration-serving`` event: the operator's ``keep`` at the end of a backfill."""
+        def change(index: dict[str, Any]) -> GalleryRecord:
+            record = _gallery(index, gallery)
+            m = require_migration(record, "backfilling", "change how it is served")
+            event = Event("migration-serving", record.active, record.active, by, utc_now(),
+                          (reason or "").strip() or f"served by {serving}", space=record.space)
+            served = replace(record, migration=replace(m, serving=serving, rerank_k=rerank_k))
+            return _save(index, served.with_event(event))
+        return self.index.update(change)
+
     def rollback_migration(self, gallery: str, *, by: str, reason: str | None = None,
                            ) -> GalleryRecord:
         """switched -> rolled_back: the source side (space, collection, route) serves again."""

@@ -471,6 +471,9 @@ function migrationCalls(view) {
     pause: () => call("pause", {path: migrationPath(gallery, "pause"), method: "POST"},
       () => `The backfill of ${gallery} is paused: each shard stops at its cursor (reranked ` +
         `searches still fill the new side).`),
+    keep: (mode, reason) => call("keep", {path: migrationPath(gallery, "keep"),
+      method: "POST", json: {mode, reason}},
+    (m) => `${gallery} keeps both sides, searches ranked by ${m.serving}.`),
     resume: () => call("resume", {path: migrationPath(gallery, "resume"), method: "POST"},
       (m) => view.progress?.paused
         ? `The backfill of ${gallery} goes on from where each shard paused.`

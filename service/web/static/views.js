@@ -492,7 +492,8 @@ export function duration(seconds) {
 export function migrationActions(view) {
   if (Array.isArray(view?.options)) {  // the server's state machine says what is allowed
     const allowed = new Set(view.options);
-    return Object.fromEntries(["cancel", "switch", "rollback", "retire", "pause", "resume"].map(
+    return Object.fromEntries(["cancel", "switch", "rollback", "retire", "pause", "resume",
+      "keep"].map(
       (a) => [a, allowed.has(a)]));
   }
   const result = isObject(view?.result) ? view.result : {};
@@ -548,17 +549,41 @@ export function migrationPanel(view, on, form = {}) {
       `searches: ${view.serving === "rerank"
         ? `reranked by ${view.version} (top ${view.rerank_k ?? 20} of the route), ` +
           `${p.filled_by_reads ?? 0} item(s) filled by reads`
+        : view.serving === "hybrid" ? "hybrid: both sides' scores summed"
         : "the route's order"}${p.paused ? " · the bulk backfill is paused (lazy migration)"
         : ""}`) : null,
     view.job_error ? el("p", {class: "bad-text small", "data-field": "job-error"},
       view.job_error) : null,
     result.switch_refused ? el("p", {class: "bad-text small", "data-field": "switch-refused"},
       `not switched: ${result.switch_refused}`) : null,
+    migrationEnd(view.end),
     unreadable.length ? el("details", {class: "small"},
       el("summary", {}, `${unreadableCount} unreadable item(s)`),
       el("ul", {}, unreadable.slice(0, 20).map((u) => el("li", {},
         el("code", {}, String(u.id)), ` ${u.reason ?? ""}`)))) : null,
     migrationControls(view, actions, on, form, unreadable));
+}
+
+/** The end states the gate measured (``view.end``): each choice's R@1 per direction,
+ * whether the native side alone is below it, and what keeping both sides costs. */
+export function migrationEnd(end) {
+  if (!isObject(end) || !Array.isArray(end.choices)) return null;
+  const r1 = (c) => Object.entries(isObject(c["R@1"]) ? c["R@1"] : {})
+    .map(([d, v]) => `${d} ${isNumber(v) ? v.toFixed(3) : "–"}`).join(", ");
+  const cost = isObject(end.cost_of_keeping) ? end.cost_of_keeping : {};
+  const mb = (b) => (isNumber(b) ? `${(b / 1e6).toFixed(1)} MB` : "–");
+  return el("div", {class: "small", "data-field": "end"},
+    el("p", {class: end.native_below_what_serves ? "bad-text" : ""},
+      end.native_below_what_serves
+        ? "The native side alone is below what serves now: switching would lower quality."
+        : "End states measured by the gate on the validation set:"),
+    el("ul", {}, end.choices.map((c) => el("li", {"data-end": c.end},
+      el("strong", {}, c.end), ` R@1 ${r1(c)}`,
+      c.native_below ? " (the native side is below it beyond the error)" : "",
+      ` · ${c.action}`))),
+    el("p", {class: "muted"}, `Keeping both sides: vectors ${mb(cost.vector_bytes_both)} ` +
+      `against ${mb(cost.vector_bytes_one_side)} for one side, ` +
+      `${cost.embeddings_per_write ?? 2} embeddings per write.`));
 }
 
 // ------------------------------------------------------------------ migration curve
@@ -723,7 +748,7 @@ function migrationControls(view, actions, on, form, unreadable) {
     class: primary ? "primary" : "", "data-action": action, onclick: handler}, label);
   const text = () => reason.value.trim() || null;
   return el("div", {class: "swap migration-actions"},
-    actions.switch || actions.rollback ? reason : null,
+    actions.switch || actions.rollback || actions.keep ? reason : null,
     actions.switch ? el("label", {class: "check"}, force, " force (skip the gate)") : null,
     actions.switch && unreadable.length ? el("label", {class: "check"}, drop,
       ` drop the ${unreadable.length} unreadable item(s)`) : null,
@@ -734,6 +759,10 @@ function migrationControls(view, actions, on, form, unreadable) {
       () => on.rollback(text())) : null,
     actions.retire ? button("retire", `Retire the ${view.state === "switched"
       ? view.source?.space : view.target?.space} side`, () => on.retire()) : null,
+    actions.keep ? button("keep-rerank", "Keep both sides (rerank)",
+      () => on.keep("rerank", text())) : null,
+    actions.keep ? button("keep-hybrid", "Keep both sides (hybrid)",
+      () => on.keep("hybrid", text())) : null,
     actions.pause ? button("pause", "Pause the backfill", () => on.pause()) : null,
     actions.resume ? button("resume", "Resume the backfill", () => on.resume(), true) : null,
     actions.cancel ? button("cancel", view.state === "backfilling" ? "Cancel migration"
@@ -906,7 +935,13 @@ function optionRow(o, onApply) {
     el("td", {class: "num small"}, storage ? stacked([`gallery ${bytes(storage.gallery_bytes)}`,
       `model ${bytes(storage.model_bytes)}`]) : "–"),
     el("td", {class: "small"}, o.why_not ?? "",
-      o.note ? el("div", {class: "muted"}, o.note) : null),
+      o.note ? el("div", {class: "muted"}, o.note) : null,
+      isObject(o.end) ? el("div", {class: o.end.native_below_kept ? "bad-text" : "muted",
+        "data-field": "end"}, `at the end: native ${DIRECTIONS.map(([d]) =>
+        gainText(gainOf(o.end.native?.[d]))).join(" / ")}, both sides kept ` +
+        `${DIRECTIONS.map(([d]) => gainText(gainOf(o.end.kept?.[d]))).join(" / ")}` +
+        (o.end.native_below_kept ? " (the native side is below: the switch asks you)" : ""))
+        : null),
     el("td", {class: "actions"}, onApply && o.applicable ? el("button", {type: "button",
       class: o.recommended ? "primary" : "", "data-action": "apply", "data-option": o.name,
       onclick: () => onApply(o.name)}, "Apply") : null));

@@ -129,6 +129,21 @@ def make_plan(options: Sequence[Option], scorer: Scorer, costs: Costs,
                                        **{d: {k: _r(v) for k, v in sh.items()} for d, sh in
                                           sc.shares(o.served[f]).items()}}
                                       for f in sorted(o.served)]})
+            if o.kept is not None:  # its end: the native side alone, or both kept
+                row["end"] = {
+                    "native": {d: {k: _r(v) for k, v in sh.items()}
+                               for d, sh in sc.shares(o.hits).items()},
+                    "kept": {d: {k: _r(v) for k, v in sh.items()}
+                             for d, sh in sc.shares(o.kept).items()},
+                    "native_below_kept": o.native_below_kept,
+                    "kept_storage": {"gallery_bytes": 2 * int(o.storage.get("gallery_bytes", 0))},
+                    "note": (f"at its end the native side alone is below {o.name} with both "
+                             f"sides kept, beyond the error (one-sided 5%): the migration "
+                             f"does not switch by itself; the operator switches (the native "
+                             f"side alone) or keeps both sides (twice the vectors, two "
+                             f"embeddings per write)" if o.native_below_kept else
+                             f"at its end the native side alone is not below {o.name} with "
+                             f"both sides kept beyond the error: it switches")}
             if o.side is not None:  # the side as it stands (served from the switch on)
                 row["side_curve"] = [{"fraction": f, **{
                     d: {k: _r(v) for k, v in sh.items()} for d, sh in

@@ -153,6 +153,12 @@ class Option:
     # the measure its shares are of, when not the plan's: a migration is simulated on the
     # validation set as a gallery of whole items, its own baseline (same query draws)
     scorer: Scorer | None = None
+    # a migration served by a fused ranking (rerank@k): its hits with both sides kept
+    # after the backfill (phase kept), and whether the native side alone (``hits``, what
+    # the switch serves) is below them beyond the error: then the switch waits for the
+    # operator, who chooses between the two
+    kept: dict[str, np.ndarray] | None = None
+    native_below_kept: bool = False
 
 
 def migration_options(emb: Embedded, routed: Mapping[str, np.ndarray],

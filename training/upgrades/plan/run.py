@@ -226,12 +226,17 @@ def rerank_options(whole: Embedded, routed: Mapping[str, np.ndarray], scorer: Sc
     reads them instead (``bench rerank`` measures both through the gateway). Its compute
     is the backfill's: the items a read embeds are written and the backfill skips them."""
     from training.upgrades.rerank import DIRECTIONS, KS, candidates, reranked_hits
+    from training.upgrades.transform.simulate import falls_below
 
     out = []
     for k in KS:
         hits = {d: reranked_hits(candidates(routed[qk], whole.item_old[ik], k),
                                  whole.query_new[qk], whole.item_new[ik], whole.relevant[d])
                 for d, (qk, ik) in DIRECTIONS.items()}
+        # its end: the native side alone (what a switch serves) against both sides kept
+        # with this ranking (phase kept); below beyond the error -> the switch waits
+        below = falls_below({"native": scorer.new, "kept": hits}, "native", "kept",
+                            list(DIRECTIONS), whole.units)
         cold = {"text": _batch_ms(new_enc.encode_images, images, k),  # a text query's
                 "image": _batch_ms(new_enc.encode_texts, texts, k)}   # candidates
         served = {f: hits for f in GRID if f < 1}
@@ -245,7 +250,7 @@ def rerank_options(whole: Embedded, routed: Mapping[str, np.ndarray], scorer: Sc
             storage={"gallery_bytes": side_bytes, "model_bytes": 0},
             apply={"kind": "migrate", "route": route,
                    "params": {"transform": False, "serving": "rerank", "rerank_k": k}},
-            served=served, switch_at=1.0,
+            served=served, switch_at=1.0, kept=hits, native_below_kept=bool(below),
             note=(f"a cold search embeds up to {k} candidates: text query +{cold['text']:.1f} "
                   f"ms, image query +{cold['image']:.1f} ms on this host; a warm one reads "
                   f"them (bench rerank); compute per cold search {k} item embeddings, "
