@@ -206,4 +206,4 @@ def test_every_page_of_the_manual_is_in_the_nav() -> None:
     written = {str(p.relative_to(REPO / "docs")) for p in (REPO / "docs").rglob("*.md")}
     assert written | set(pages.PAGES) == nav
     assert yaml.safe_load((REPO / "mkdocs.yml").read_text())["hooks"] == [
-        "docs/hooks/reference_pages.py"]
+        "docs/hooks/reference_pages.py", "docs/hooks/phase_diagram.py"]

@@ -3,7 +3,8 @@
 An MkDocs hook (``mkdocs.yml``: ``hooks``): ``on_files`` adds four pages that exist only in
 the build, each rendered from the object it documents:
 
-- ``reference/http-api.md``: the gateway's OpenAPI document (``create_app(...).openapi()``);
+- ``reference/http-api.md``: the gateway's OpenAPI document (``create_app(...).openapi()``),
+  with an example request and response per operation where the document has them;
 - ``reference/cli.md``: the ``nobackfill`` argument parsers (``training.cli.build_parser``,
   plugged-in commands included);
 - ``reference/settings.md``: the process settings class (``service.state.config.Settings``);
@@ -162,13 +163,15 @@ def _suffix(text: str) -> str:
 def openapi_page(document: Mapping[str, Any]) -> str:
     """The gateway's HTTP API from its OpenAPI document: the error answers, then every
     operation grouped by tag (what it does, the key it needs, its parameters, body and
-    answers), then every schema."""
+    answers, and an example request and response where the document has them), then
+    every schema."""
     schemas = Schemas("schema")
     info = document.get("info", {})
     operations = [(method.upper(), path, operation)
                   for path, methods in document.get("paths", {}).items()
                   for method, operation in methods.items()]
     errors = common_errors(operations)
+    components = document.get("components", {}).get("schemas", {})
     intro = (f"{inline(info.get('description'))} This page is rendered from the gateway's "
              f"own OpenAPI document ({info.get('title', '')} {info.get('version', '')}, "
              f"OpenAPI {document.get('openapi', '')}); a running gateway serves the same "
@@ -186,7 +189,8 @@ def openapi_page(document: Mapping[str, Any]) -> str:
             (method, path, operation))
     for tag, tagged in by_tag.items():
         out += [f"## {tag}", ""]
-        out += [operation_section(m, p, o, schemas, errors) + "\n" for m, p, o in tagged]
+        out += [operation_section(m, p, o, schemas, errors, components) + "\n"
+                for m, p, o in tagged]
     out += ["## Schemas", ""]
     for name, schema in document.get("components", {}).get("schemas", {}).items():
         out += [schemas.section(name, schema), ""]
@@ -210,7 +214,8 @@ def common_errors(operations: Iterable[tuple[str, str, Mapping[str, Any]]]) -> d
 
 
 def operation_section(method: str, path: str, operation: Mapping[str, Any],
-                      schemas: Schemas, errors: Mapping[str, str]) -> str:
+                      schemas: Schemas, errors: Mapping[str, str],
+                      components: Mapping[str, Any] | None = None) -> str:
     what = inline(operation.get("description")) or inline(operation.get("summary")) + "."
     out = [f"### `{method} {path}`", "", what, "", f"**Key:** {key_needed(operation)}."]
     parameters = operation.get("parameters", [])
@@ -225,7 +230,8 @@ def operation_section(method: str, path: str, operation: Mapping[str, Any],
                                                 else inline(schema.get("description")))]
         if "properties" in schema:
             out += ["", schemas.fields(schema)]
-    rows, failures = [], []
+    out += example_block("Example request", operation.get("requestBody", {}), components)
+    rows, failures, answered = [], [], []
     for status, answer in operation.get("responses", {}).items():
         if is_error(status):
             own = answer.get("description", "")
@@ -236,10 +242,46 @@ def operation_section(method: str, path: str, operation: Mapping[str, Any],
         kinds = [schemas.type_of(c["schema"]) if "schema" in c else code(media)
                  for media, c in content.items()]
         rows.append([status, inline(answer.get("description")), ", ".join(kinds)])
+        if not answered:  # the first answer that has an example
+            answered = example_block("Example response", answer, components, status)
     out += ["", table(["status", "when", "body"], rows)]
     if failures:
         out += ["", "**Errors:** " + ", ".join(failures) + "."]
-    return "\n".join(out)
+    return "\n".join(out + answered)
+
+
+def example_of(content: Mapping[str, Any], components: Mapping[str, Any] | None) -> Any:
+    """The example of one media type of a body or an answer: its own ``example``, else the
+    first of its named ``examples`` (FastAPI's ``openapi_examples``), else the first of its
+    schema's ``examples`` (a model's ``json_schema_extra``, followed through a ``$ref``);
+    None when there is none."""
+    if "example" in content:
+        return content["example"]
+    named = content.get("examples")
+    if isinstance(named, Mapping) and named:
+        first = next(iter(named.values()))
+        if isinstance(first, Mapping) and "value" in first:
+            return first["value"]
+    schema = content.get("schema", {})
+    if "$ref" in schema:
+        schema = (components or {}).get(schema["$ref"].rsplit("/", 1)[-1], {})
+    listed = schema.get("examples")
+    return listed[0] if isinstance(listed, list) and listed else None
+
+
+def example_block(title: str, body: Mapping[str, Any], components: Mapping[str, Any] | None,
+                  status: str | None = None) -> list[str]:
+    """``**title**`` and a JSON block with the first example of ``body``'s media types
+    (a request body or one answer), or nothing."""
+    import json
+
+    for media, content in body.get("content", {}).items():
+        value = example_of(content, components)
+        if value is not None:
+            where = f"`{status}`, `{media}`" if status else f"`{media}`"
+            return ["", f"**{title}** ({where}):", "",
+                    "```json\n" + json.dumps(value, indent=2, ensure_ascii=False) + "\n```"]
+    return []
 
 
 def key_needed(operation: Mapping[str, Any]) -> str:

@@ -560,33 +560,77 @@ def check_targets(rows: dict[str, list[dict[str, Any]]], draws: list[dict]) -> d
     return out
 
 
-def plot(rows: dict[str, list[dict[str, Any]]], path: Path, title: str) -> None:
+# One colour and one marker per line, both distinct up to 12 lines (Okabe-Ito's eight and
+# four of Tol's muted scheme: told apart by most colour-blind readers, and by the marker).
+COLOURS = ("#000000", "#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9",
+           "#882255", "#999933", "#332288", "#888888", "#44AA99")
+MARKERS = ("s", "o", "^", "v", "D", "P", "X", "<", ">", "p", "h", "*")
+
+
+def line_styles(names: list[str]) -> dict[str, tuple[str, str]]:
+    """Each line's (colour, marker): line ``i`` takes colour ``i mod C`` and marker
+    ``(i + i div C) mod M``, so the first 12 differ in both and the pairs stay distinct up to
+    C x M lines."""
+    c, m = len(COLOURS), len(MARKERS)
+    return {name: (COLOURS[i % c], MARKERS[(i + i // c) % m]) for i, name in enumerate(names)}
+
+
+def _spaced(xs: list[float], gap: float = 0.12) -> list[bool]:
+    """Which points get a marker and an error bar on a log axis: the first, the last, and
+    each at least ``gap`` decades right of the last one marked (every 5% of the backfill
+    crowds the right end)."""
+    shown, last = [], -np.inf
+    for n, x in enumerate(xs):
+        mark = n == len(xs) - 1 or np.log10(x) - last >= gap
+        if mark:
+            last = np.log10(x)
+        shown.append(bool(mark))
+    return shown
+
+
+def plot(rows: dict[str, list[dict[str, Any]]], path: Path,
+         title: str) -> dict[str, tuple[str, str]]:
+    """The share of NEW's gain per way against the fraction of the backfill, one panel per
+    direction, the legend below them (sized to be read at about 800 px wide). Returns each
+    line's (colour, marker) as drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.colors import to_hex
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), sharey=True)
+    styles = line_styles(list(rows))
+    fig, axes = plt.subplots(1, 2, figsize=(8, 6.2), sharey=True, layout="constrained")
+    drawn: dict[str, tuple[str, str]] = {}
     for ax, d, label in zip(axes, ("t2i", "i2t"), ("text -> image", "image -> text")):
         for name, points in rows.items():
             xs = [max(p["fraction"], 0.002) for p in points]
             ys = [p[d]["share"] for p in points]
             es = [p[d]["se"] or 0 for p in points]
-            ax.errorbar(xs, ys, yerr=es, marker="o", ms=3, capsize=2, label=name,
-                        drawstyle="steps-post" if name == "today" else "default")
+            colour, marker = styles[name]
+            shown = _spaced(xs)
+            line = ax.errorbar(xs, ys, yerr=es, color=colour, marker=marker, ms=5.5,
+                               mec="white", mew=0.5, lw=1.4, elinewidth=0.8, capsize=2,
+                               markevery=shown, errorevery=shown, label=name,
+                               drawstyle="steps-post" if name == "today" else "default")
+            drawn[name] = (to_hex(line.lines[0].get_color()), line.lines[0].get_marker())
         ax.set_xscale("log")
         ax.set_xticks([0.002, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0])
-        ax.set_xticklabels(["0", "1%", "5%", "10%", "25%", "50%", "100%"])
+        ax.set_xticklabels(["0", "1%", "5%", "10%", "25%", "50%", "100%"], fontsize=10)
+        ax.tick_params(axis="y", labelsize=10)
         ax.axhline(1.0, color="grey", lw=0.6, ls=":")
         ax.axhline(0.0, color="grey", lw=0.6, ls=":")
-        ax.set_title(label)
-        ax.set_xlabel("fraction of the backfill done (items re-embedded by NEW)")
-    axes[0].set_ylabel("share of NEW's R@1 gain (mean of draws, +/- 1 s.e.)")
-    axes[1].legend(loc="lower right", fontsize=8)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+        ax.set_title(label, fontsize=12)
+        ax.grid(axis="y", color="#e5e5e5", lw=0.5)
+        ax.set_xlabel("share of the gallery re-embedded", fontsize=11)
+    axes[0].set_ylabel("share of NEW's R@1 gain (± 1 s.e.)", fontsize=11)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=4, fontsize=11,
+               frameon=False, handlelength=2.2, columnspacing=1.4)
+    fig.suptitle(title, fontsize=11)
+    fig.savefig(path, dpi=150)
     plt.close(fig)
+    return drawn
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
