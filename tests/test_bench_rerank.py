@@ -48,3 +48,15 @@ def test_bench_rerank_quick(tmp_path: Path) -> None:
     met = {name: check["met"] for name, check in result["targets"].items()}
     assert met["0 errors"] and met["warm passes embed nothing"]
     assert met["new side == the distinct candidates ranked by NEW, all filled by reads"]
+    # what keeping both sides costs: writes with one side and with both, bytes per point
+    writes, cost = result["writes"], result["kept_cost"]
+    for side in ("one_side", "both_sides"):
+        assert writes[side]["items"] == 32 and writes[side]["errors"] == 0
+        assert writes[side]["items_per_s"] > 0
+    assert cost["write_rate_ratio"] == round(
+        writes["both_sides"]["items_per_s"] / writes["one_side"]["items_per_s"], 3)
+    assert cost["source"]["points"] == result["items"]  # the writes were deleted again
+    assert cost["target"]["points"] == fill["new_side_points"]
+    assert cost["source"]["disk_bytes"] > 0 and cost["target"]["disk_bytes"] > 0
+    assert cost["both_sides_bytes_per_item"] == (cost["source"]["bytes_per_point"]
+                                                 + cost["target"]["bytes_per_point"])

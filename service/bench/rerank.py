@@ -21,6 +21,12 @@ candidate is in the answer.
 3. The gateway's resident memory; the new side read back after the run: its items are
    exactly the candidates the reranked answers ranked by NEW (every candidate not kept in
    the route's place), all of them written by reads.
+4. What keeping both sides costs (a migration's end state ``kept``,
+   ``service/jobkinds/migrate/keep.py``): writes through the items API (``--writes``
+   items with their images, in requests of ``WRITE_BATCH``, 1 client) timed with one side
+   (before the migration starts) and with both (the migration open: each write embedded
+   into both spaces), new ids each time; and the engine's bytes on disk per point of each
+   side after the run, so both sides kept against the new side alone, per item.
 
 The rerank budget (``NOBACKFILL_RERANK_BUDGET_MS``) is fixed by ``--budget-ms``.
 Targets: warm p50 <= 1.3x plain; cold p50 <= 3x plain at k = 20; rerank p99 <= plain p99
@@ -45,7 +51,8 @@ WARM_RATIO = 1.3  # warm rerank p50 over plain p50
 COLD_RATIO = 3.0  # cold rerank p50 over plain p50, at k = COLD_K
 COLD_K = 20
 WARMUP = 5  # plain searches (and reranks of k = 1) before anything is measured
-QUICK = {"items": 600, "test_items": 200, "sample": 300, "queries": 12}
+QUICK = {"items": 600, "test_items": 200, "sample": 300, "queries": 12, "writes": 32}
+WRITE_BATCH = 16  # items per POST .../items of the write timing
 
 
 def register(sub: argparse._SubParsersAction, name: str) -> None:
@@ -64,6 +71,8 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--clients", type=int, default=8, help="concurrent clients for QPS")
     p.add_argument("--budget-ms", type=float, default=250.0,
                    help="the gateway's rerank_budget_ms (NOBACKFILL_RERANK_BUDGET_MS)")
+    p.add_argument("--writes", type=int, default=256, help="items written through the API, "
+                                                        "with one side and with both")
     p.add_argument("--quick", action="store_true", help="smoke run: random tiny models, 600 "
                                                         "items, 12 queries per pass")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
@@ -93,8 +102,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                               "budget_ms": args.budget_ms}
     answers: list[dict[str, Any]] = []  # every reranked answer (the fill check)
     env = {"NOBACKFILL_RERANK_BUDGET_MS": str(args.budget_ms)}
+    writes = _write_bodies(data["fill"], args.writes)
     with _stack(work, env) as stack:
         stack.start_worker()
+        result["writes"] = {"one_side": _write_rate(stack.url, writes, "one")}
         job = stack.start_migration({"shards": 1, "batch_size": args.batch_size,
                                      "serving": "route", "backfill": "paused"})
         result["migration"] = {"job": job["id"], "view": _brief(stack.view())}
@@ -115,10 +126,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             result["rerank"][str(k)] = {"cold": _cell(cold), "warm": _cell(warm),
                                         "warm_clients": _cell(busy)}
         _settle(stack)
+        result["writes"]["both_sides"] = _write_rate(url, writes, "both")
+        _settle(stack)
         result["rss_kib_after"] = stack.rss()
         result["migration"]["after"] = _brief(stack.view())
         result["migration"]["target"] = stack.view()["target"]
+        result["migration"]["source"] = stack.view()["source"]
     result["fill"] = _fill_check(work, result, answers)
+    result["kept_cost"] = _kept_cost(work, result)
     result["targets"] = targets(result)
     (out / "bench-rerank.json").write_text(json.dumps(result, indent=2))
     if not args.keep:
@@ -295,6 +310,86 @@ def _fill_check(work: Path, result: dict[str, Any],
                 1 for a in answers if a["reranked"])}
 
 
+def _write_bodies(dataset: Any, n: int) -> list[dict[str, Any]]:
+    """``n`` items of ``dataset`` (images and captions) as items API bodies, without ids."""
+    import base64
+
+    out = []
+    for i in range(min(n, len(dataset))):
+        record = dataset.records[i]
+        image = base64.b64encode(Path(record.image_path).read_bytes()).decode()
+        caption = next((c[0] for c in record.captions.values() if c), None)
+        out.append({"image_base64": image, **({"text": caption} if caption else {})})
+    return out
+
+
+def _write_rate(url: str, bodies: list[dict[str, Any]], tag: str) -> dict[str, Any]:
+    """Write ``bodies`` (new ids ``kept-<tag>-<n>``) through POST .../items in requests of
+    ``WRITE_BATCH``, one client: items/s, and each request's ms (p50); then delete them
+    (a delete reaches every side), so the gallery and its new side are as they were."""
+    import statistics
+
+    import httpx
+
+    from service.bench.migrate import ADMIN_KEY, GALLERY
+
+    times, errors = [], 0
+    with httpx.Client(base_url=url, headers={"X-API-Key": ADMIN_KEY}, timeout=300) as http:
+        start = time.perf_counter()
+        for first in range(0, len(bodies), WRITE_BATCH):
+            batch = [{"id": f"kept-{tag}-{first + n}", **b}
+                     for n, b in enumerate(bodies[first:first + WRITE_BATCH])]
+            t = time.perf_counter()
+            r = http.post(f"/v1/galleries/{GALLERY}/items", json={"items": batch})
+            times.append((time.perf_counter() - t) * 1e3)
+            errors += r.status_code >= 400
+        seconds = time.perf_counter() - start
+        ids = [f"kept-{tag}-{n}" for n in range(len(bodies))]  # the gallery as it was
+        if ids:
+            errors += http.post(f"/v1/galleries/{GALLERY}/items/delete",
+                                json={"ids": ids}).status_code >= 400
+    return {"items": len(bodies), "seconds": round(seconds, 2),
+            "items_per_s": round(len(bodies) / seconds, 1) if seconds else None,
+            "request_p50_ms": round(statistics.median(times), 1) if times else None,
+            "errors": errors}
+
+
+def _kept_cost(work: Path, result: dict[str, Any]) -> dict[str, Any]:
+    """Bytes on disk per point of each side (the engine's files of its collection and of
+    its index), read after the gateway stopped; keeping both sides costs their sum per
+    item, the new side alone its own. With the write rates of one side and of both."""
+    from service.bench.migrate import _settings
+    from service.state.gallery import GalleryStore, open_qdrant
+
+    settings = _settings(work)
+    root = Path(settings.qdrant_location)
+    view = result["migration"]["after"]
+    sides = {"source": result["migration"]["source"]["collection"],
+             "target": result["migration"]["target"]["collection"]}
+    store = GalleryStore(open_qdrant(settings), serialise=True)
+    try:
+        points = {k: store.count(c) for k, c in sides.items() if c}
+    finally:
+        store.close()
+    out: dict[str, Any] = {"filled_by_reads": view.get("filled_by_reads")}
+    for name, collection in sides.items():
+        if not collection:
+            continue
+        disk = sum(f.stat().st_size for d in (root / "collections" / collection,
+                                               root / "indexed" / collection)
+                   if d.exists() for f in d.rglob("*") if f.is_file())
+        out[name] = {"collection": collection, "points": points[name], "disk_bytes": disk,
+                     "bytes_per_point": round(disk / points[name]) if points[name] else None}
+    per = [out.get(k, {}).get("bytes_per_point") for k in ("source", "target")]
+    if all(per):
+        out["both_sides_bytes_per_item"] = per[0] + per[1]
+        out["new_side_alone_bytes_per_item"] = per[1]
+    w = result["writes"]
+    one, both = w["one_side"]["items_per_s"], w["both_sides"]["items_per_s"]
+    out["write_rate_ratio"] = round(both / one, 3) if one and both else None
+    return out
+
+
 # ------------------------------------------------------------------ report
 def targets(result: dict[str, Any]) -> dict[str, Any]:
     plain, budget = result["plain"], result["budget_ms"]
@@ -311,7 +406,8 @@ def targets(result: dict[str, Any]) -> dict[str, Any]:
     out[f"rerank p99 (1 client) <= plain p99 + budget ({budget:g} ms)"] = {
         "value": f"{worst:.1f} ms <= {plain['p99_ms'] + budget:.1f} ms",
         "met": worst <= plain["p99_ms"] + budget}
-    errors = plain["errors"] + sum(c[p]["errors"] for c in cells.values() for p in c)
+    errors = plain["errors"] + sum(c[p]["errors"] for c in cells.values() for p in c) + sum(
+        w["errors"] for w in (result.get("writes") or {}).values())
     out["0 errors"] = {"value": errors, "met": errors == 0}
     fill = result["fill"]
     out["new side == the distinct candidates ranked by NEW, all filled by reads"] = {
@@ -356,7 +452,24 @@ def render(result: dict[str, Any]) -> str:
                f"{fill['ranked_by_new']} ({fill['missing']} not in the side, "
                f"{fill['unexplained']} in it unexplained); embedded as reported, summed: "
                f"{fill['embedded_reported']}"),
-              f"migration after the run: {result['migration']['after']}", "", "targets:"]
+              f"migration after the run: {result['migration']['after']}"]
+    w, cost = result.get("writes") or {}, result.get("kept_cost") or {}
+    if w:
+        one, both = w["one_side"], w["both_sides"]
+        lines.append(
+            f"writes through the API ({one['items']} items with images, {WRITE_BATCH} per "
+            f"request, 1 client): one side {one['items_per_s']} items/s (request p50 "
+            f"{one['request_p50_ms']} ms), both sides {both['items_per_s']} items/s (p50 "
+            f"{both['request_p50_ms']} ms): ratio {cost.get('write_rate_ratio')}; errors "
+            f"{one['errors'] + both['errors']}")
+    if cost.get("both_sides_bytes_per_item"):
+        lines.append(
+            f"on disk per point: source side {cost['source']['bytes_per_point']} B "
+            f"({cost['source']['points']} points), new side {cost['target']['bytes_per_point']}"
+            f" B ({cost['target']['points']} points): both sides kept "
+            f"{cost['both_sides_bytes_per_item']} B per item against "
+            f"{cost['new_side_alone_bytes_per_item']} B for the new side alone")
+    lines += ["", "targets:"]
     for name, check in result["targets"].items():
         lines.append(f"  [{'x' if check['met'] else ' '}] {name}: {check['value']}")
     return "\n".join(lines)
