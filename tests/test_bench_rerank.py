@@ -7,6 +7,7 @@ backfill), and a warm pass embeds nothing."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,11 +17,21 @@ import pytest
 
 @pytest.mark.slow
 def test_bench_rerank_quick(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "training.cli", "bench", "rerank", "--quick",
-                          "--out", str(tmp_path / "out"), "--json"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=600, check=True).stdout
+    done = subprocess.run([sys.executable, "-m", "training.cli", "bench", "rerank", "--quick",
+                           "--out", str(tmp_path / "out"), "--json"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600, check=True)
+    out = done.stdout
     result = json.loads(out[out.index("{"):])
     assert (tmp_path / "out" / "bench-rerank.json").is_file()
+    assert result["device"] == "cpu"  # --device auto, and no CUDA here
+    # one line per phase on stderr, numbered, with the seconds since the start
+    phases = re.findall(r"^bench rerank: \[(\d+)/(\d+)\] \[\+[\d.]+ s\] (.+)$",
+                        done.stderr.replace("\r", "\n"), re.MULTILINE)  # progress bars: \r
+    assert [int(n) for n, _, _ in phases] == list(range(1, 11))
+    assert {total for _, total, _ in phases} == {"10"}
+    assert phases[0][2].startswith("setup: ") and phases[-1][2].startswith("checks: ")
+    assert [w.split(":")[0] for _, _, w in phases if w.startswith("rerank@")] == [
+        "rerank@10", "rerank@20"]
     assert result["budget_ms"] == 250.0
     plain = result["plain"]
     assert plain["errors"] == 0 and plain["requests"] == result["queries"]

@@ -21,8 +21,13 @@ tutorial, so a changed command fails here rather than going untested):
   benchmarks measure; this test checks that the commands work and say what the docs say);
 - the gateway listens on a free port, which ``localhost:8000`` and ``NOBACKFILL_GATEWAY``
   are pointed at.
-Blocks marked ``<!-- not run by tests/test_docs_tour.py: why -->`` are not run (starting
-the stack, which the fixture does).
+Blocks marked ``<!-- not run by tests/test_docs_tour.py: why -->`` are not run: starting
+the stack, which the fixture does, and the ways on from a failed gate, which a candidate
+that passes every gate never takes; the ``nobackfill`` commands among them are still
+parsed by the CLI, so an option they use cannot disappear unnoticed.
+
+Every waiting step is a command that ends (``--wait`` with ``--timeout``): a block runs
+under ``BLOCK_TIMEOUT_S``, and a wait that never ends fails the test there.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -249,13 +255,49 @@ def test_the_readme_tour_is_the_tutorials() -> None:
 
 
 def test_the_stack_the_tutorial_starts_is_make_serve() -> None:
-    """The one block the test does not run starts ``make serve``; the fixture runs what
-    that target runs."""
-    skipped = [b for b in tour(TUTORIAL) if not b.run]
-    assert [commands(b.code) for b in skipped] == [
-        ["NOBACKFILL_ADMIN_API_KEYS='{\"ops\": \"" + KEY + "\"}' make serve"]]
+    """The tour's first block starts ``make serve`` and is not run: the fixture runs what
+    that target runs. Every block the test does not run says why."""
+    blocks_ = tour(TUTORIAL)
+    skipped = [b for b in blocks_ if not b.run]
+    assert skipped and commands(skipped[0].code) == [
+        "NOBACKFILL_ADMIN_API_KEYS='{\"ops\": \"" + KEY + "\"}' make serve"]
+    assert blocks_.index(skipped[0]) == 0, "the tour must start with make serve"
+    reasons = re.findall(re.escape(NOT_RUN) + r":?(.*?)-->", TUTORIAL.read_text())
+    assert len(reasons) == len(skipped) and all(r.strip() for r in reasons), reasons
     serve = re.search(r"^serve:.*\n\t(.*)$", (REPO / "Makefile").read_text(), re.MULTILINE)
     assert serve and serve.group(1).endswith("-m service.stack.launch")
+
+
+def test_the_commands_not_run_still_parse() -> None:
+    """The ``nobackfill`` commands of the blocks the test does not run are parsed by the
+    CLI (without running them): an option or a subcommand they name exists."""
+    from training.cli import build_parser
+
+    parsed = 0
+    for block in tour(TUTORIAL):
+        if block.run:
+            continue
+        for line in commands(block.code):
+            argv = shlex.split(line)
+            if not argv or not argv[0].endswith("bin/nobackfill"):
+                continue
+            try:
+                build_parser().parse_args(argv[1:])
+            except SystemExit as exc:
+                pytest.fail(f"the CLI refuses a command of the tutorial ({exc}): {line}")
+            parsed += 1
+    assert parsed >= 3, "the tutorial's ways on from a failed gate name no nobackfill command"
+
+
+def test_every_wait_of_the_tutorial_ends() -> None:
+    """Pasting the tutorial never hangs: no shell loop waits for a status (one polling a
+    wrong id or a failed job would go on for ever), and every ``--wait`` has a
+    ``--timeout``."""
+    for block in tour(TUTORIAL):
+        for line in commands(block.code):
+            words = line.split()
+            assert words[0] not in ("until", "while"), f"a wait that may not end: {line}"
+            assert "--wait" not in words or "--timeout" in words, f"--wait, no --timeout: {line}"
 
 
 def test_the_output_checks_can_fail() -> None:

@@ -401,3 +401,49 @@ def test_wait_fails_when_the_plan_fails(monkeypatch: pytest.MonkeyPatch,
     assert err.splitlines() == ["job-1: queued", "job-1: running (embed)", "job-1: failed",
                                 "error: plan job-1 failed: out of memory"]
     assert "error        out of memory" in out
+
+
+def _apply_with(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                jobs: list[dict[str, Any]], *extra: str) -> tuple[int, str, str, list]:
+    """``plan apply --wait`` against answers: the apply's, then the job's as polled."""
+    applied = {"option": "route:procrustes", "plan": "job-p", "job": jobs[0]}
+    answers = iter([applied, *jobs])
+    calls: list = []
+
+    def fake(gateway: str, method: str, path: str, key: str | None = None,
+             body: Any = None, timeout: float = 60) -> Any:
+        calls.append((method, path))
+        return next(answers, jobs[-1])
+
+    monkeypatch.setattr(plan_cli, "call", fake)
+    code, out, err = run(capsys, "apply", "--gallery", "demo", "job-p", "route:procrustes",
+                         "--wait", "--poll", "0.001", "--gateway", "http://g:1", *extra)
+    return code, out, err, calls
+
+
+def test_apply_wait_ends_with_the_jobs_outcome(monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """--wait polls the job the option started until it ends: 0 when its version was
+    promoted; 1, saying why, when its gate kept the gallery as it was."""
+    job = {"id": "job-a", "kind": "adapter", "status": "queued", "gallery": "demo"}
+    done = {**job, "status": "succeeded", "version": "v2-route", "auto_promote": True}
+    code, out, err, calls = _apply_with(monkeypatch, capsys, [
+        job, {**job, "status": "running"}, {**done, "promoted": True,
+                                             "gate": {"passed": True, "checks": []}}])
+    assert code == 0 and "promoted" in out and "yes: v2-route serves gallery demo" in out
+    assert calls[0] == ("POST", "/v1/galleries/demo/plans/job-p/apply")
+    assert all(c == ("GET", "/v1/jobs/job-a") for c in calls[1:])
+    code, out, err, _ = _apply_with(monkeypatch, capsys, [
+        job, {**done, "promoted": False, "gate": {"passed": False, "reason": "worse"}}])
+    assert code == 1 and "no: gallery demo is served as before" in out
+    assert "the gate did not pass" in err
+
+
+def test_apply_wait_stops_at_its_timeout_and_on_a_failed_job(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    job = {"id": "job-a", "kind": "adapter", "status": "running", "gallery": "demo"}
+    code, _, err, _ = _apply_with(monkeypatch, capsys, [job], "--timeout", "0.05")
+    assert code == 1 and "still running after 0.05 s" in err
+    code, _, err, _ = _apply_with(monkeypatch, capsys, [
+        job, {**job, "status": "failed", "error": "out of memory"}])
+    assert code == 1 and "job job-a failed: out of memory" in err

@@ -209,6 +209,11 @@ def test_the_plan_offers_rerank_on_read_for_each_k(plan_of_routes) -> None:
         for q in ("text", "image"):
             assert row["added_latency_ms"][q] > migrate["added_latency_ms"][q]
         assert f"up to {k} candidates" in row["note"]
+        if "share" in row:  # scored (the new model gains on the validation set)
+            end = row["end"]  # the native side alone against both sides kept, at its end
+            assert set(end["native"]) == set(end["kept"]) == {"t2i", "i2t"}
+            assert isinstance(end["native_below_kept"], bool)
+            assert end["kept_storage"]["gallery_bytes"] == 2 * row["storage"]["gallery_bytes"]
 
 
 def test_rerank_at_k_serves_news_best_of_the_routes_top_k_from_the_first_query(
@@ -257,6 +262,26 @@ def test_rerank_at_k_serves_news_best_of_the_routes_top_k_from_the_first_query(
             if f < 1:
                 assert all(np.array_equal(hits[d], expected[d]) for d in expected), (name, f)
         assert o.added_latency_ms["text"] > 1.0 and o.added_latency_ms["image"] > 2.0
+        # its end: both sides kept serve its ranking; NEW is perfect here, so the native
+        # side alone is never below it (the switch does not ask)
+        assert all(np.array_equal(o.kept[d], expected[d]) for d in expected)
+        assert o.native_below_kept is False
+    # NEW's own ranking made poor, the route's top 5 ranked by a NEW that is right on its
+    # candidates only: the native side alone is below both sides kept, beyond the error
+    poor = {d: np.zeros(n, bool) for d in new_hits}
+    below = {o.name: o for o in rerank_options(
+        emb, routed, Scorer(old_hits, poor), Costs(n, n, 1.0), enc, texts, images,
+        {"text": 1.0, "image": 2.0}, "route:test", 0)}["rerank@5"]
+    assert below.native_below_kept is True
+    # the plan's row shows the end: shares of the native side and of both sides kept
+    from training.upgrades.plan.build import make_plan
+
+    plan = make_plan([options["rerank@5"]], scorer, Costs(n, n, 1.0), Constraints(),
+                     old_hits, new_hits)
+    end = plan["options"][0]["end"]
+    assert end["native_below_kept"] is False and "it switches" in end["note"]
+    assert end["native"]["t2i"]["share"] == 1.0  # NEW's whole gain
+    assert end["kept"]["t2i"]["share"] < 1.0  # the route's top 5 miss some
 
 
 def test_rerank_options_are_held_to_the_latency_constraint(plan_of_routes) -> None:

@@ -497,10 +497,17 @@ def test_bench_serve_quick(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "training.cli", "bench", "serve", "--quick",
-                          "--concurrency", "1,4", "--out", str(tmp_path), "--json"],
-                         capture_output=True, text=True, timeout=900, check=True).stdout
+    done = subprocess.run([sys.executable, "-m", "training.cli", "bench", "serve", "--quick",
+                           "--concurrency", "1,4", "--out", str(tmp_path), "--json"],
+                          capture_output=True, text=True, timeout=900, check=True)
+    out = done.stdout
     result = json.loads(out[out.index("{"):])
+    assert result["device"] == "cpu"  # --device auto, and no CUDA here
+    phases = [line for line in done.stderr.splitlines() if line.startswith("bench serve: [")]
+    assert [line.split("]")[0] for line in phases] == [f"bench serve: [{n}/4" for n in
+                                                       range(1, 5)]
+    assert all(" [+" in line and " s] " in line for line in phases)
+    assert "text queries: 1, 4 clients" in phases[2] and "image queries" in phases[3]
     assert result["targets"]["no_errors"]["met"]
     assert result["batched"]["text"]["4"]["requests"] > 0
 

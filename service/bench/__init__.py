@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from service.bench.phases import add_device_option
 from service.bench.report import render
 from training.console import report_command
 
@@ -47,7 +48,7 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--max-wait-ms", type=float, default=None,
                    help="batching max wait (default: the gateway's; 0: start at once when "
                         "the device is idle)")
-    p.add_argument("--device", help="torch device for the gateway (default: cuda if present)")
+    add_device_option(p, "the gateways and the bare encoder + search")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: tiny model, 1,000 points, 2 s per measurement")
     p.add_argument("--keep", action="store_true", help="keep the work directory (artifact, "

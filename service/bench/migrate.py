@@ -43,6 +43,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from service.bench.phases import Phases, add_device_option, resolve_device
 from training.console import report_command
 
 GALLERY = "bench"
@@ -51,6 +52,8 @@ P50_RATIO = 2.0  # text search p50 during the rate-limited backfill over idle
 P99_RATIO = 3.0  # and its p99
 READS_RERANK_K = 20  # run B's rerank_k with --reads
 QUICK = {"items": 600, "test_items": 200, "duration": 3.0, "clients": 2, "sample": 300}
+PREPARE_PHASES = 3  # the phases ``prepare`` announces
+PHASES = PREPARE_PHASES + 5
 
 
 def register(sub: argparse._SubParsersAction, name: str) -> None:
@@ -80,6 +83,7 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
                         "while the backfill writes it")
     p.add_argument("--quick", action="store_true", help="smoke run: random tiny models, 600 "
                                                         "items, short windows")
+    add_device_option(p, "the models: the bench's own, the gateway's and the worker's")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=report_command(run, render))
@@ -88,32 +92,44 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from service.bench.setup import fresh_work_dir
 
+    device = resolve_device(getattr(args, "device", None))  # before anything starts
+    phase = Phases("migrate", PHASES)
     if args.quick:
         args = argparse.Namespace(**{**vars(args), **QUICK})
     out = Path(args.out)
     work = fresh_work_dir(out)
-    old, new, route, data, setup = prepare(args, work)
+    old, new, route, data, setup = prepare(args, work, device, phase)
     result: dict[str, Any] = {"items": args.items, "test_items": args.test_items,
-                              "old": old.version_id, "new": new.version_id, "setup": setup,
-                              "reads": bool(getattr(args, "reads", False))}
-    result["encoder"] = _encoder_throughput(new, data, batch=args.batch_size)
+                              "device": device, "old": old.version_id, "new": new.version_id,
+                              "setup": setup, "reads": bool(getattr(args, "reads", False))}
+    phase(f"NEW's batched image throughput on {device} (batches of {args.batch_size})")
+    result["encoder"] = _encoder_throughput(new, data, device, batch=args.batch_size)
     rate = args.rate_limit or round(result["encoder"]["items_per_s"] / 2, 1)
-    with _stack(work) as stack:
+    phase(f"run A: backfill with no rate limit ({args.items:,} items; the gateway and a "
+          f"worker start)")
+    with _stack(work, device) as stack:
         result["run_a"] = stack.migrate(args.batch_size, 0.0)
         stack.undo()
+        phase(f"idle search: {args.clients} clients for {args.duration:g} s (run A rolled "
+              f"back and retired)")
         result["idle"] = stack.search_load(args.clients, args.duration)
         extra = ({"transform": True, "order": "learned", "sample": args.transform_sample}
                  if args.transform else {})
         if result["reads"]:
             extra.update({"serving": "rerank", "rerank_k": READS_RERANK_K})
+        phase(f"run B: backfill rate-limited to {rate:g} items/s ({args.items:,} items), "
+              f"search at {args.clients} clients, {args.deletes} deletes, 2 worker kills"
+              + (f", {extra}" if extra else ""))
         result["run_b"] = stack.migrate(args.batch_size, rate, search=(args.clients,
                                                                        args.duration),
                                         kills=2, extra=extra,
                                         deletes=[r.id for r in data["fill"].records[::37]][
                                             :args.deletes])
+    phase(f"checks: run B's sides read back (exactly once), R@1 on the {args.test_items:,} "
+          f"test items")
     result["exactly_once"] = _exactly_once(work, result["run_b"])
     result["fill"] = _fill(result)
-    result["recall"] = _recall(work, old, new, route, data, result["run_b"])
+    result["recall"] = _recall(work, old, new, route, data, result["run_b"], device)
     result["targets"] = targets(result)
     (out / "bench-migrate.json").write_text(json.dumps(result, indent=2))
     if not args.keep:
@@ -122,15 +138,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ setup
-def prepare(args: argparse.Namespace, work: Path) -> tuple[Any, Any, Any, dict[str, Any],
-                                                            dict[str, Any]]:
+def prepare(args: argparse.Namespace, work: Path, device: str,
+            phase: Any = None) -> tuple[Any, Any, Any, dict[str, Any], dict[str, Any]]:
     """OLD and NEW (``--quick``: random tiny ones), the images on disk, the route fitted,
-    the gallery built by OLD and the route promoted: (old, new, route, data, setup)."""
+    the gallery built by OLD on ``device`` and the route promoted: (old, new, route, data,
+    setup). ``phase``: told each of its ``PREPARE_PHASES`` phases as it starts."""
+    phase = phase or (lambda what: None)
+    phase(f"setup: OLD and NEW models, {args.items:,} images written to disk")
     old, new = _models(args, work)
     start = time.perf_counter()
     data = _write_images(work, args)
+    phase(f"setup: fit the route (procrustes adapter) on {args.sample:,} items")
     route = _fit_route(old, new, data, args, work)
-    setup = _build(work, old, route, data, args)
+    phase(f"setup: build the gallery ({args.items:,} items embedded by OLD on {device}), "
+          f"promote the route")
+    setup = _build(work, old, route, data, device)
     setup["seconds"] = round(time.perf_counter() - start, 1)
     return old, new, route, data, setup
 
@@ -188,7 +210,7 @@ def _fit_route(old: Any, new: Any, data: dict[str, Any], args: argparse.Namespac
 
 
 def _build(work: Path, old: Any, route: Any, data: dict[str, Any],
-           args: argparse.Namespace) -> dict[str, Any]:
+           device: str) -> dict[str, Any]:
     """Register OLD and the route version, create the gallery, embed every image with OLD
     through the shared ingest pipeline (the origin of each item is its file), promote."""
     from service.state.gallery import GalleryStore, open_qdrant
@@ -200,7 +222,7 @@ def _build(work: Path, old: Any, route: Any, data: dict[str, Any],
     from training.gate import run_gate
     from training.versions import load_encoder
 
-    settings = _settings(work)
+    settings = _settings(work, device)
     registry = Registry.of(settings)
     registry.register(old.path, by="bench")
     gallery = registry.create_gallery(GALLERY, old.space, by="bench", version=old.version_id,
@@ -208,7 +230,7 @@ def _build(work: Path, old: Any, route: Any, data: dict[str, Any],
     binding = Binding.now(gallery, registry.gate_policy)  # a report counts where measured
     gate = binding.apply(run_gate(route, old, data["test"], registry.gate_policy.criterion()))
     registry.register(route.path, by="bench", gate=gate)
-    encoder = load_encoder(old, old.space)
+    encoder = load_encoder(old, old.space, settings.device)
     store = GalleryStore(open_qdrant(settings), serialise=True)
     start = time.perf_counter()
     try:
@@ -225,13 +247,15 @@ def _build(work: Path, old: Any, route: Any, data: dict[str, Any],
             "route": "procrustes adapter", "route_gate_passed": gate["passed"]}
 
 
-def _settings(work: Path) -> Any:
+def _settings(work: Path, device: str = "cpu") -> Any:
+    """The work dir's settings, models on ``device`` (the resolved ``--device``; where only
+    the stores are read back, no model runs and the default does)."""
     from service.state.config import Settings
 
-    return Settings(data_dir=work / "data", device="cpu")
+    return Settings(data_dir=work / "data", device=device)
 
 
-def _encoder_throughput(new: Any, data: dict[str, Any], n: int = 2048,
+def _encoder_throughput(new: Any, data: dict[str, Any], device: str, n: int = 2048,
                         batch: int = 64) -> dict[str, Any]:
     """NEW's batched image embedding rate: on preloaded images (preprocess + forward: the
     target's baseline), and from the image files (decode + preprocess + forward, what a
@@ -242,7 +266,7 @@ def _encoder_throughput(new: Any, data: dict[str, Any], n: int = 2048,
     from training.data.dataset import open_image
     from training.versions import load_encoder
 
-    encoder = load_encoder(new, new.space, "cpu")
+    encoder = load_encoder(new, new.space, device)
     dataset = data["fill"]
     count = min(n, len(dataset))
     paths = [dataset.records[i].image_path for i in range(count)]
@@ -412,13 +436,15 @@ ADMIN_KEY = "bench-admin"
 
 
 @contextlib.contextmanager
-def _stack(work: Path, extra_env: dict[str, str] | None = None) -> Iterator[Stack]:
-    """The gateway (a child process) on the work dir's settings, ``extra_env`` added
-    (NOBACKFILL_* settings); the worker starts on demand."""
+def _stack(work: Path, device: str,
+           extra_env: dict[str, str] | None = None) -> Iterator[Stack]:
+    """The gateway (a child process) on the work dir's settings, its models (and the
+    worker's) on ``device``, ``extra_env`` added (NOBACKFILL_* settings); the worker starts
+    on demand."""
     from service.stack.launch import gateway_child
 
-    settings = _settings(work)
-    env = {"NOBACKFILL_DATA_DIR": str(settings.data_dir), "NOBACKFILL_DEVICE": "cpu",
+    settings = _settings(work, device)
+    env = {"NOBACKFILL_DATA_DIR": str(settings.data_dir), "NOBACKFILL_DEVICE": device,
            "NOBACKFILL_ADMIN_API_KEYS": json.dumps({"bench": ADMIN_KEY}),
            "NOBACKFILL_ACCESS_LOG": "false", "NOBACKFILL_JOB_STALE_AFTER_S": "10",
            "NOBACKFILL_JOB_HEARTBEAT_S": "1", "NOBACKFILL_WORKER_NAME": "bench@localhost",
@@ -481,7 +507,7 @@ def _exactly_once(work: Path, run_b: dict[str, Any]) -> dict[str, Any]:
 
 
 def _recall(work: Path, old: Any, new: Any, route: Any, data: dict[str, Any],
-            run_b: dict[str, Any]) -> dict[str, Any]:
+            run_b: dict[str, Any], device: str) -> dict[str, Any]:
     """R@1 on the test set: routed (route queries against the stored OLD image vectors and
     OLD's caption embeddings) and migrated (NEW's queries against the stored NEW image
     vectors and NEW's caption embeddings); and how close the stored NEW vectors are to
@@ -503,10 +529,10 @@ def _recall(work: Path, old: Any, new: Any, route: Any, data: dict[str, Any],
         store.close()
     old_images = np.stack([before[i]["image"] for i in ids])
     new_images = np.stack([after[i]["image"] for i in ids])
-    routed_q = load_encoder(route, old.space, "cpu")
-    native = load_encoder(new, new.space, "cpu")
+    routed_q = load_encoder(route, old.space, device)
+    native = load_encoder(new, new.space, device)
     new_own = native.encode_images(images)
-    old_texts = load_encoder(old, old.space, "cpu").encode_texts(texts)
+    old_texts = load_encoder(old, old.space, device).encode_texts(texts)
     new_texts = native.encode_texts(texts)
     cells = {
         "old->old": cross_metrics(old_texts, old_images, old_images, old_texts, relevance),
@@ -562,8 +588,9 @@ def targets(result: dict[str, Any]) -> dict[str, Any]:
 def render(result: dict[str, Any]) -> str:
     a, b, enc = result["run_a"], result["run_b"], result["encoder"]
     setup = result["setup"]
-    lines = [(f"bench migrate: {result['items']} items, OLD={result['old']} "
-              f"NEW={result['new']} (route: {setup['route']}, its gate passed: "
+    lines = [(f"bench migrate: {result['items']} items, device {result.get('device', 'cpu')}, "
+              f"OLD={result['old']} NEW={result['new']} (route: {setup['route']}, its gate "
+              f"passed: "
               f"{setup['route_gate_passed']})"), "",
              "| throughput | items/s |", "|---|---|",
              f"| NEW encoder, batched ({enc['batch']}), preloaded images | {enc['items_per_s']} |",

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from service.bench.phases import Phases, add_device_option, resolve_device
 from training.console import report_command
 
 KS = (10, 20)
@@ -75,20 +76,23 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
                                                         "with one side and with both")
     p.add_argument("--quick", action="store_true", help="smoke run: random tiny models, 600 "
                                                         "items, 12 queries per pass")
+    add_device_option(p, "the models: the gallery's ingest, the gateway's and the worker's")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=report_command(run, render))
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from service.bench.migrate import _stack, prepare
+    from service.bench.migrate import PREPARE_PHASES, _stack, prepare
     from service.bench.setup import fresh_work_dir
 
+    device = resolve_device(getattr(args, "device", None))  # before anything starts
+    phase = Phases("rerank", PREPARE_PHASES + 5 + len(KS))  # prepare's, then the run's
     if args.quick:
         args = argparse.Namespace(**{**vars(args), **QUICK})
     out = Path(args.out)
     work = fresh_work_dir(out)
-    old, new, _, data, setup = prepare(args, work)
+    old, new, _, data, setup = prepare(args, work, device, phase)
     texts = _queries(data["test"], WARMUP + args.queries * len(KS))
     if len(texts) < WARMUP + args.queries * len(KS):
         raise SystemExit(f"bench rerank: the test set has {len(texts)} distinct captions; "
@@ -96,27 +100,32 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     warmup, sets = texts[:WARMUP], [texts[WARMUP + i * args.queries:
                                           WARMUP + (i + 1) * args.queries]
                                     for i in range(len(KS))]
-    result: dict[str, Any] = {"items": args.items, "old": old.version_id,
+    result: dict[str, Any] = {"items": args.items, "device": device, "old": old.version_id,
                               "new": new.version_id, "setup": setup,
                               "queries": args.queries, "clients": args.clients,
                               "budget_ms": args.budget_ms}
     answers: list[dict[str, Any]] = []  # every reranked answer (the fill check)
     env = {"NOBACKFILL_RERANK_BUDGET_MS": str(args.budget_ms)}
     writes = _write_bodies(data["fill"], args.writes)
-    with _stack(work, env) as stack:
+    phase(f"the gateway and a worker start; writes with one side ({len(writes)} items)")
+    with _stack(work, device, env) as stack:
         stack.start_worker()
         result["writes"] = {"one_side": _write_rate(stack.url, writes, "one")}
+        phase("migration to NEW started (backfill paused, serving the route); warm-up")
         job = stack.start_migration({"shards": 1, "batch_size": args.batch_size,
                                      "serving": "route", "backfill": "paused"})
         result["migration"] = {"job": job["id"], "view": _brief(stack.view())}
         url = stack.url
         answers += _warm_up(url, warmup)
         result["rss_kib_before"] = stack.rss()
+        phase(f"plain search: {args.queries} queries at 1 client and at {args.clients}")
         plain = [{"text": t, "top_k": KS[-1], "rerank": False} for t in sets[0]]
         result["plain"] = {"k": KS[-1], **_cell(_drive(url, plain, 1)),
                            "qps": _cell(_drive(url, plain, args.clients))["qps"]}
         result["rerank"] = {}
         for k, queries in zip(KS, sets, strict=True):
+            phase(f"rerank@{k}: {args.queries} queries cold and warm at 1 client, warm at "
+                  f"{args.clients}")
             bodies = [{"text": t, "top_k": k, "rerank": True, "rerank_k": k} for t in queries]
             cold = _drive(url, bodies, 1)
             _settle(stack)  # embeddings that outlived their budget are written
@@ -126,12 +135,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             result["rerank"][str(k)] = {"cold": _cell(cold), "warm": _cell(warm),
                                         "warm_clients": _cell(busy)}
         _settle(stack)
+        phase(f"writes with both sides ({len(writes)} items); the stack stops")
         result["writes"]["both_sides"] = _write_rate(url, writes, "both")
         _settle(stack)
         result["rss_kib_after"] = stack.rss()
         result["migration"]["after"] = _brief(stack.view())
         result["migration"]["target"] = stack.view()["target"]
         result["migration"]["source"] = stack.view()["source"]
+    phase("checks: the new side read back against the reranked answers, bytes on disk")
     result["fill"] = _fill_check(work, result, answers)
     result["kept_cost"] = _kept_cost(work, result)
     result["targets"] = targets(result)
@@ -424,7 +435,8 @@ def targets(result: dict[str, Any]) -> dict[str, Any]:
 def render(result: dict[str, Any]) -> str:
     setup, plain = result["setup"], result["plain"]
     lines = [(f"bench rerank: {result['items']} items mid-migration (backfill paused), "
-              f"OLD={result['old']} NEW={result['new']} (route: {setup['route']}), "
+              f"device {result.get('device', 'cpu')}, OLD={result['old']} NEW={result['new']} "
+              f"(route: {setup['route']}), "
               f"{result['queries']} text queries per pass, top_k = rerank_k = k, "
               f"rerank_budget_ms {result['budget_ms']:g}"), "",
              (f"| t2i search | p50 ms (1 client) | p99 ms (1 client) | QPS ({result['clients']}"

@@ -20,6 +20,7 @@ from typing import Any
 
 from service.bench import server
 from service.bench.bare import BareMeter, Sample, summary
+from service.bench.phases import Phases, resolve_device
 from service.bench.setup import GALLERY, Queries, build_gallery, fresh_work_dir, make_queries
 from service.state.config import Settings
 from training.encoders import ModelSpec
@@ -32,22 +33,28 @@ MODALITIES = ("text", "image")
 
 
 def run_bench(args: argparse.Namespace) -> dict[str, Any]:
+    device = resolve_device(getattr(args, "device", None))  # before anything starts
+    phase = Phases("serve", 2 + len(MODALITIES))
     if args.quick:
         args = argparse.Namespace(**{**vars(args), **QUICK})
     if args.rounds < 1:
         raise SystemExit("--rounds must be at least 1")
     out = Path(args.out)
     work = fresh_work_dir(out)
-    settings = Settings(data_dir=work / "data", device=args.device)
+    settings = Settings(data_dir=work / "data", device=device)
     spec = _spec(args)
-    result: dict[str, Any] = {"model": spec.describe(), "device": args.device or "auto",
+    result: dict[str, Any] = {"model": spec.describe(), "device": device,
                               "rounds": args.rounds}
+    phase(f"build the gallery: {args.points:,} points, {min(args.embed, args.points):,} "
+          f"embedded by the encoder on {device}")
     result["setup"] = build_gallery(settings, spec, args.points, args.embed, work)
     queries = make_queries()
     query_file = work / "queries.json"
     query_file.write_text(json.dumps(queries.to_json()))
     levels = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
     modes = {"batched": args.batch_size, "unbatched": 1}
+    phase(f"start the gateways (batched, max {args.batch_size}; unbatched) on {device} and "
+          f"warm them up; load the bare encoder")
     with contextlib.ExitStack() as stack:
         urls = {}
         for mode, size in modes.items():
@@ -55,11 +62,11 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             shutil.copytree(settings.qdrant_location, qdrant)
             urls[mode] = stack.enter_context(server.gateway(
                 settings.data_dir, qdrant, work.parent / f"gateway-{mode}.log", size,
-                args.max_wait_ms, args.device))
+                args.max_wait_ms, device))
             server.warm_up(urls[mode], GALLERY, queries.texts[0], queries.images[0])
         bare = BareMeter(settings, queries)
         stack.callback(bare.close)
-        measured = _measure(args, urls, bare, queries, levels, query_file)
+        measured = _measure(args, urls, bare, queries, levels, query_file, phase)
     result["bare"] = {m: summary(measured.pop(("bare", m))) for m in MODALITIES}
     for mode, size in modes.items():
         result[mode] = {"batch_max_size": size, **{m: measured[(mode, m)] for m in MODALITIES}}
@@ -71,11 +78,17 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _measure(args: argparse.Namespace, urls: dict[str, str], bare: BareMeter,
-             queries: Queries, levels: list[int], query_file: Path) -> dict[tuple, Any]:
-    """{(mode, modality): {level: pooled cell}} and {("bare", modality): samples}."""
+             queries: Queries, levels: list[int], query_file: Path,
+             phase: Phases | None = None) -> dict[tuple, Any]:
+    """{(mode, modality): {level: pooled cell}} and {("bare", modality): samples}
+    (``phase``: told as each modality starts)."""
     found: dict[tuple, Any] = {}
     repeats = max(1, round(args.bare_repeats / args.rounds))
     for modality in MODALITIES:
+        if phase is not None:
+            phase(f"{modality} queries: {', '.join(map(str, levels))} clients, "
+                  f"{args.rounds} rounds of {args.duration / args.rounds:g} s each, batched "
+                  f"and unbatched (and the bare encoder + search)")
         samples: list[Sample] = []
         for level in levels:
             runs: dict[str, list[dict]] = {mode: [] for mode in urls}

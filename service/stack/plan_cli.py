@@ -4,7 +4,7 @@ API (/v1/galleries/{gallery}/plans), with the standard library only (``urllib.re
     nobackfill plan start --gallery demo --version v2 [--budget 0.1 --max-added-latency-ms 5] [--wait]
     nobackfill plan show --gallery demo PLAN_ID [--json]
     nobackfill plan list --gallery demo
-    nobackfill plan apply --gallery demo PLAN_ID OPTION [--force --reason "..."]
+    nobackfill plan apply --gallery demo PLAN_ID OPTION [--force --reason "..."] [--wait]
 
 ``start`` measures every way to the candidate version on the gallery (a ``plan`` job);
 ``--wait`` polls it until it ends and then shows it. ``show`` prints the plan's status
@@ -13,12 +13,16 @@ per direction with its standard error, the negative flip, the added query latenc
 compute as a fraction of a full backfill; ``*`` marks the recommended one, the others say
 why not), the recommendation and why, the migration's curve, the full backfill's
 estimate, and why the plan is stale (if it is). ``apply`` starts the job that makes an
-option happen; a stale plan needs ``--force --reason``.
+option happen; a stale plan needs ``--force --reason``; ``--wait`` polls that job until it
+ends and then prints its outcome: its status, the version it registered, its gate's checks
+and whether the version was promoted. ``--timeout S`` (with either ``--wait``) stops
+waiting after S seconds (the job goes on).
 
 The gateway is ``--gateway`` (default ``$NOBACKFILL_GATEWAY``, else http://127.0.0.1:8000)
 and the admin key ``--key`` (default ``$NOBACKFILL_API_KEY``). An error answer of the
 gateway is printed with its status and message and the command exits with 1 (so does
-``--wait`` when the plan fails or is cancelled)."""
+``--wait`` when the job fails or is cancelled, when an applied route's or version's gate
+fails, so the gallery is served as before, and at ``--timeout``)."""
 
 from __future__ import annotations
 
@@ -38,6 +42,14 @@ CONSTRAINTS = ("max_added_latency_ms", "max_negative_flip", "budget", "budget_gp
 FINISHED = ("succeeded", "failed", "cancelled")
 DIRECTIONS = ("t2i", "i2t")
 CURVE_AT = (0.0, 0.25, 0.5, 0.75, 1.0)  # the curve's points ``show`` prints (and the switch)
+
+
+class TimedOut(Exception):
+    """A ``--wait`` ran past ``--timeout``: the job goes on, only the waiting stops."""
+
+
+def job_path(job_id: str) -> str:
+    return f"/v1/jobs/{urllib.parse.quote(job_id, safe='')}"
 
 
 def plans_path(gallery: str, plan_id: str = "", action: str = "") -> str:
@@ -242,15 +254,17 @@ def list_rows(views: list[dict[str, Any]]) -> list[list[str]]:
 # ------------------------------------------------------------------ commands
 def wait(gateway: str, key: str | None, gallery: str, plan_id: str, poll: float,
          status: str | None = None, sleep: Callable[[float], None] = time.sleep,
-         ) -> dict[str, Any]:
-    """GET the plan until it ends, each new status (and stage while it runs) to stderr;
-    ``status``: the one already known (the start's answer). The last view."""
+         timeout: float | None = None, path: str | None = None) -> dict[str, Any]:
+    """GET the plan (or ``path``: another job's record) until it ends, each new status
+    (and stage while it runs) to stderr; ``status``: the one already known (the start's
+    answer). The last view; ``TimedOut`` after ``timeout`` seconds."""
     seen: tuple[Any, Any] | None = None
     if status is not None:
         seen = (status, None)
         print(f"{plan_id}: {status}", file=sys.stderr)
+    deadline = None if timeout is None else time.monotonic() + timeout
     while True:
-        view = call(gateway, "GET", plans_path(gallery, plan_id), key)
+        view = call(gateway, "GET", path or plans_path(gallery, plan_id), key)
         finished = view.get("status") in FINISHED
         now = (view.get("status"),
                None if finished else _dict(view.get("progress")).get("stage"))
@@ -259,7 +273,66 @@ def wait(gateway: str, key: str | None, gallery: str, plan_id: str, poll: float,
             print(f"{plan_id}: {now[0]}" + (f" ({now[1]})" if now[1] else ""), file=sys.stderr)
         if finished:
             return view
+        if deadline is not None and time.monotonic() >= deadline:
+            raise TimedOut(f"{plan_id} is still {now[0]} after {timeout:g} s; it goes on "
+                           f"(GET {path or plans_path(gallery, plan_id)} follows it)")
         sleep(poll)
+
+
+def _check(check: dict[str, Any]) -> str:
+    """One gate check: what was measured against what it had to reach."""
+    direction, ok = check.get("direction"), check.get("passed") is True
+    if "migrated" in check:  # a migration's gate: the new side against the route
+        return (f"{direction} migrated {_number(check['migrated'], '.3f')} "
+                f"{'>=' if ok else '<'} routed {_number(check.get('routed'), '.3f')}")
+    value, required = _number(check.get("new_to_old"), ".3f"), _number(check.get("required"),
+                                                                       ".3f")
+    if check.get("metric") == "negative flip":  # a bound from above
+        return f"{direction} negative flip {value} {'<=' if ok else '>'} {required}"
+    subset = check.get("subset")
+    where = f" ({subset})" if subset and subset != "all" else ""
+    return f"{direction} {value} {'>=' if ok else '<'} {required} required{where}"
+
+
+def gate_text(gate: Any) -> str:
+    """A gate report in a line: passed or failed, and each check (failed ones first)."""
+    report = _dict(gate)
+    verdict = "passed" if report.get("passed") is True else "failed"
+    checks = [c for c in report.get("checks") or [] if isinstance(c, dict)]
+    checks.sort(key=lambda c: c.get("passed") is True)
+    if not checks:
+        return f"{verdict}: {_text(report.get('reason'))}"
+    text = f"{verdict}: " + ", ".join(_check(c) for c in checks)
+    if any("required" in c and c.get("metric") != "negative flip" for c in checks):
+        metric = _dict(report.get("criterion")).get("metric") or "R@1"
+        text += (f" (validation {metric} of the candidate's queries; required: the serving "
+                 f"version's own plus the margin)")
+    return text
+
+
+def outcome(job: dict[str, Any]) -> tuple[list[tuple[str, str]], str | None]:
+    """An ended job's rows, and the error that makes ``apply --wait`` exit with 1 (None:
+    it did what the option is for)."""
+    job_id, status = _text(job.get("id")), _text(job.get("status"))
+    rows = [("job", f"{job_id} ({status})")]
+    if job.get("version"):
+        rows.append(("version", str(job["version"])))
+    if job.get("gate"):
+        rows.append(("gate", gate_text(job["gate"])))
+    error = None
+    if status != "succeeded":
+        error = f"job {job_id} {status}" + (f": {job['error']}" if job.get("error") else "")
+    elif job.get("auto_promote") and job.get("version"):
+        gallery = _text(job.get("gallery"))
+        if job.get("promoted"):
+            rows.append(("promoted", f"yes: {job['version']} serves gallery {gallery}"))
+        else:
+            rows.append(("promoted", f"no: gallery {gallery} is served as before"))
+            error = (f"job {job_id}: the gate did not pass, so {job['version']} is registered "
+                     f"but does not serve gallery {gallery}")
+    if job.get("error"):
+        rows.append(("error", str(job["error"])))
+    return rows, error
 
 
 def run(args: argparse.Namespace, out: Any = None) -> int:
@@ -274,7 +347,8 @@ def run(args: argparse.Namespace, out: Any = None) -> int:
                         f"see it with: nobackfill plan show {gallery} {job.get('id')}")
                 print(json.dumps(job, indent=2) if args.json else text, file=out)
                 return 0
-            view = wait(gateway, key, gallery, str(job.get("id")), args.poll, job.get("status"))
+            view = wait(gateway, key, gallery, str(job.get("id")), args.poll, job.get("status"),
+                        timeout=args.timeout)
             print(json.dumps(view, indent=2) if args.json else render(view), file=out)
             if view.get("status") != "succeeded":
                 print(f"error: plan {view.get('id')} {view.get('status')}"
@@ -298,18 +372,29 @@ def run(args: argparse.Namespace, out: Any = None) -> int:
         # apply
         body = {"option": args.option, "force": args.force, "reason": args.reason}
         done = call(gateway, "POST", plans_path(gallery, args.plan_id, "apply"), key, body)
-    except GatewayError as exc:
+        job = _dict(done.get("job"))
+        if args.json and not getattr(args, "wait", False):
+            print(json.dumps(done, indent=2), file=out)
+            return 0
+        if not args.json:
+            text = (f"applied option {done.get('option')} of plan {done.get('plan')}: started "
+                    f"{_text(job.get('kind'))} job {_text(job.get('id'))} "
+                    f"({_text(job.get('status'))})")
+            if done.get("forced") and done.get("stale"):
+                text += "\nforced although the plan is stale: " + "; ".join(done["stale"])
+            print(text, file=out, flush=True)
+        if not (getattr(args, "wait", False) and job.get("id")):
+            return 0
+        ended = wait(gateway, key, gallery, str(job["id"]), args.poll, job.get("status"),
+                     timeout=args.timeout, path=job_path(str(job["id"])))
+    except (GatewayError, TimedOut) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    if args.json:
-        print(json.dumps(done, indent=2), file=out)
-        return 0
-    job = _dict(done.get("job"))
-    text = (f"applied option {done.get('option')} of plan {done.get('plan')}: started "
-            f"{_text(job.get('kind'))} job {_text(job.get('id'))} ({_text(job.get('status'))})")
-    if done.get("forced") and done.get("stale"):
-        text += "\nforced although the plan is stale: " + "; ".join(done["stale"])
-    print(text, file=out)
+    rows, error = outcome(ended)
+    print(json.dumps(ended, indent=2) if args.json else table(rows), file=out)
+    if error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -345,10 +430,7 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
     start.add_argument("--budget", type=float,
                        help="compute, as a fraction of a full backfill")
     start.add_argument("--budget-gpu-hours", type=float, help="compute in device-hours")
-    start.add_argument("--wait", action="store_true", help="poll until the plan ends, then "
-                                                           "show it")
-    start.add_argument("--poll", type=_positive, default=2.0, metavar="S",
-                       help="seconds between polls with --wait (default 2)")
+    _wait_args(start, "poll until the plan ends, then show it", "the plan")
     show = actions.add_parser("show", parents=[common], help="a plan: its status and, once "
                               "done, its options, recommendation, curve and staleness")
     show.add_argument("plan_id", metavar="PLAN_ID")
@@ -360,4 +442,17 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
     apply.add_argument("--force", action="store_true", help="apply although the plan is "
                                                             "stale (needs --reason)")
     apply.add_argument("--reason", help="recorded with the apply")
+    _wait_args(apply, "poll the job it starts until it ends, then print its outcome (exit 1 "
+                      "if it failed, was cancelled, or its gate kept its version from "
+                      "serving)", "the job")
     p.set_defaults(func=run)
+
+
+def _wait_args(parser: argparse.ArgumentParser, wait: str, what: str) -> None:
+    """--wait, --poll and --timeout (``what`` goes on when the waiting stops)."""
+    parser.add_argument("--wait", action="store_true", help=wait)
+    parser.add_argument("--poll", type=_positive, default=2.0, metavar="S",
+                        help="seconds between polls with --wait (default 2)")
+    parser.add_argument("--timeout", type=_positive, metavar="S",
+                        help=f"with --wait: stop waiting after S seconds, exit 1 ({what} "
+                             f"goes on; default: wait until it ends)")
