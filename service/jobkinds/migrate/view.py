@@ -87,8 +87,9 @@ async def view(gateway: GatewayPort, gallery: str) -> MigrationView:
     phase = phase_of(m, now.job, now.state)
     end = None
     if phase in ("awaiting", "kept"):  # the choice is open (or made): show it, with its cost
-        cost = await asyncio.to_thread(kept_cost, gateway.store, m)
-        end = end_report(now.record.name, m, now.job, phase, cost)
+        end = end_report(now.record.name, m, now.job, phase, None)
+        if end is not None:  # the store is read only when the gate measured the end states
+            end["cost_of_keeping"] = await asyncio.to_thread(kept_cost, gateway.store, m)
     return MigrationView(now.record, m, now.job, now.state, shown_progress, end)
 
 

@@ -45,6 +45,11 @@ def _r(v: float | None, digits: int = 4) -> float | None:
     return None if v is None or not np.isfinite(v) else round(float(v), digits)
 
 
+def _shares(scorer: Scorer, hits: dict[str, np.ndarray]) -> dict[str, dict[str, float | None]]:
+    """Each direction's share of the gain and its error, rounded for the record."""
+    return {d: {k: _r(v) for k, v in sh.items()} for d, sh in scorer.shares(hits).items()}
+
+
 def _worst(values: dict[str, float] | None) -> float | None:
     return None if not values else max(values.values())
 
@@ -116,8 +121,7 @@ def make_plan(options: Sequence[Option], scorer: Scorer, costs: Costs,
             s.negative_flip = max(flips.values())
             s.score, s.draws = sc.score(o.hits)
             row.update({"R@1": {d: _r(float(h.mean())) for d, h in o.hits.items()},
-                        "share": {d: {k: _r(v) for k, v in sh.items()}
-                                  for d, sh in sc.shares(o.hits).items()},
+                        "share": _shares(sc, o.hits),
                         "score": _r(s.score), "negative_flip": {d: _r(v) for d, v in
                                                                 flips.items()}})
             if o.served is not None:
@@ -131,10 +135,7 @@ def make_plan(options: Sequence[Option], scorer: Scorer, costs: Costs,
                                       for f in sorted(o.served)]})
             if o.kept is not None:  # its end: the native side alone, or both kept
                 row["end"] = {
-                    "native": {d: {k: _r(v) for k, v in sh.items()}
-                               for d, sh in sc.shares(o.hits).items()},
-                    "kept": {d: {k: _r(v) for k, v in sh.items()}
-                             for d, sh in sc.shares(o.kept).items()},
+                    "native": _shares(sc, o.hits), "kept": _shares(sc, o.kept),
                     "native_below_kept": o.native_below_kept,
                     "kept_storage": {"gallery_bytes": 2 * int(o.storage.get("gallery_bytes", 0))},
                     "note": (f"at its end the native side alone is below {o.name} with both "
