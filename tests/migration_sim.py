@@ -38,6 +38,8 @@ from service.jobkinds.migrate.lifecycle import TRANSITIONS, allowed, phase_of
 from service.jobkinds.migrate.params import MigrateParams
 from service.jobkinds.migrate.transform import LISTING, VALIDATION, Simulation, write_order
 from service.jobkinds.migrate.view import view
+from service.runtime.candidates import CandidateCounts
+from service.runtime.gateway import candidate_counts
 from service.state.config import Settings
 from service.state.errors import Conflict, GateFailed, InvalidInput
 from service.state.gallery.client import open_qdrant
@@ -127,11 +129,13 @@ class Port:
     jobs: JobStore
     queue: Queue
     runtime: Runtime
+    candidates: CandidateCounts
 
     @classmethod
     def open(cls, settings: Settings, queue: Queue) -> Port:
         return cls(settings, Registry.of(settings), GalleryStore(open_qdrant(settings), False),
-                   JobStore(settings.registry_dir), queue, Runtime())
+                   JobStore(settings.registry_dir), queue, Runtime(),
+                   candidate_counts(settings))
 
     def close(self) -> None:
         self.store.close()
@@ -422,6 +426,15 @@ class Sequence:
                         f"{self.phase()}, shards {[s['state'] for s in now.job.shards]}"
                         if now.job else "the migration did not come to rest")
 
+    def searched(self, ids: list[str] | None = None) -> None:
+        """Searches served these candidates (default: a few live items at random), as the
+        search path counts them (``service.runtime.candidates``): what the candidate
+        order plans by, at a start and when a paused backfill resumes."""
+        live = sorted(self.world.model.items)
+        if ids is None and live:
+            ids = [live[int(k)] for k in self.world.rng.integers(len(live), size=3)]
+        self.port.candidates.record(GALLERY, ids or [])
+
     # -------------------------------------------------------------- operations
     def _settle(self, r: int, phase: str) -> None:
         """Time passes without faults: the driver and the workers run until the
@@ -438,8 +451,9 @@ class Sequence:
                                serving="rerank" if r & 8 else "route",
                                backfill="paused" if r & 16 else "run",
                                auto_switch=not bool(r & 32), sample=8 if transform else None,
-                               order="random")
+                               order="candidates" if not transform and r & 64 else "random")
         port = self.port
+        self.searched()
         try:
             submit.check_can_start(port, GALLERY)
         except Conflict as exc:
@@ -484,6 +498,7 @@ class Sequence:
             return  # the new side serves: no rerank fills it
         other = SimpleNamespace(embedder=SimpleNamespace(version=m.version),
                                 space=m.target.space, collection=m.target.collection)
+        self.searched(chosen)
         batch = [(stored[i], Worker._new(i, self.world.model), None)
                  for i in dict.fromkeys(chosen)]
         _write_fills(self.port, serving, other, batch)  # type: ignore[arg-type]

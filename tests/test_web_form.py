@@ -174,7 +174,7 @@ def test_every_body_of_the_migration_options_is_a_valid_migration(
     """Every choice of the options (a learned order or a progressive switch left selected
     while the transform is unchecked too, as a stale form may hold them) makes a body the
     OpenAPI document and the API's own checks accept: never learned / progressive / sample
-    without the transform."""
+    without the transform, never candidates with it."""
     import jsonschema_rs
 
     from service.api.app import create_app
@@ -187,7 +187,8 @@ def test_every_body_of_the_migration_options_is_a_valid_migration(
               "components": spec["components"]}
     validator = jsonschema_rs.validator_for(schema)
     forms = [{"transform": transform, "order": order, "switch": switch, "sample": sample}
-             for transform in (False, True) for order in ("id", "random", "learned")
+             for transform in (False, True)
+             for order in ("id", "random", "learned", "candidates")
              for switch in ("end", "progressive") for sample in ("", "64", "3", "junk")]
     made = migration_bodies([{}, {"validation": " /data/val "}, *forms])
     assert made[0] == {}  # untouched options: the server's defaults
@@ -199,11 +200,13 @@ def test_every_body_of_the_migration_options_is_a_valid_migration(
         MigrationIn.model_validate(body).check(None, None)  # type: ignore[arg-type]
         assert body.get("transform", False) == form["transform"], (form, body)
         if form["transform"]:
-            assert body.get("order", "id") == form["order"]
+            assert body.get("order", "id") == ("id" if form["order"] == "candidates"
+                                               else form["order"])
             assert body.get("switch", "end") == form["switch"]
             assert body.get("sample") == (64 if form["sample"] == "64" else None)
         else:
-            assert body.get("order", "id") == ("random" if form["order"] == "random" else "id")
+            assert body.get("order", "id") == (form["order"] if form["order"] in (
+                "random", "candidates") else "id")
 
 
 # ---------------------------------------------------------------- the plan form

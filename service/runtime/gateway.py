@@ -8,6 +8,7 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from service.runtime.candidates import CandidateCounts
 from service.runtime.embedder import Batching
 from service.runtime.metrics import Metrics
 from service.runtime.search_batcher import SearchBatcher
@@ -37,8 +38,10 @@ class Gateway:
     queue: JobQueue
     searches: SearchBatcher
     search_lane: ThreadPoolExecutor
+    candidates: CandidateCounts
 
     def close(self) -> None:
+        self.candidates.save()
         self.lane.shutdown(wait=True, cancel_futures=True)
         self.search_lane.shutdown(wait=True, cancel_futures=True)
         self.store.close()
@@ -61,7 +64,15 @@ def open_gateway(settings: Settings, metrics: Metrics,
     search_lane = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nobackfill-search")
     return Gateway(settings, registry, store, runtime, metrics, lane,
                    JobStore(settings.registry_dir), JobQueue(settings),
-                   SearchBatcher(store, search_lane, settings.batch_max_size), search_lane)
+                   SearchBatcher(store, search_lane, settings.batch_max_size), search_lane,
+                   candidate_counts(settings))
+
+
+def candidate_counts(settings: Settings) -> CandidateCounts:
+    from service.runtime.candidates import FOLDER
+
+    return CandidateCounts(settings.registry_dir / FOLDER, settings.candidate_half_life_s,
+                           settings.candidate_items_max, settings.candidate_searches_kept)
 
 
 def _device_loader(device: str | None) -> EncoderLoader:

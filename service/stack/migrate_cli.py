@@ -107,6 +107,10 @@ def status_rows(view: dict[str, Any]) -> list[tuple[str, str]]:
     if transform is not None:
         rows.append(("transform", (f"{text(transform.get('method'))}, sample "
                                   f"{text(transform.get('sample'))}")))
+    if isinstance(p.get("candidates"), dict):
+        c = p["candidates"]
+        rows.append(("retrieved first", (f"{text(c.get('first'))} of {text(c.get('left'))} "
+                                        f"item(s), counts as of the {text(c.get('planned'))}")))
     if "share_estimate" in p:
         rows.append(("share now", _estimate(p.get("share_estimate"))))
     if isinstance(p.get("items_per_s"), int | float):
@@ -199,8 +203,9 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
     start.add_argument("--rate-limit", type=float, help="items/s over all shards (0: none)")
     start.add_argument("--transform", action="store_true", help="first fill the new side "
                        "with the stored vectors mapped into the new space")
-    start.add_argument("--order", choices=("id", "random", "learned"),
-                       help="backfill order (learned needs --transform)")
+    start.add_argument("--order", choices=("id", "random", "learned", "candidates"),
+                       help="backfill order (learned needs --transform; candidates, without "
+                            "it: the items users retrieved most often first)")
     start.add_argument("--switch", choices=("end", "progressive"),
                        help="when to switch (progressive needs --transform)")
     start.add_argument("--sample", type=int, help="items the new version embeds to fit the "

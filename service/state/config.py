@@ -74,6 +74,18 @@ class Settings(BaseSettings):
         "side holds. Default 32: at least the default rerank_k (20), so a default rerank "
         "embeds all its candidates, and the default batch_max_size, so one search's fills "
         "make at most one forward per kind")
+    # What users retrieve (service/runtime/candidates.py): the backfill order
+    # ``candidates`` and the plan's warm curves read these counts.
+    candidate_half_life_s: float = Field(
+        86_400.0, gt=0, description="half-life of the served-candidate counts (seconds): a "
+        "count halves when the item is not served for this long, so the backfill order "
+        "candidates follows today's workload")
+    candidate_items_max: int = Field(200_000, ge=1, le=10_000_000, description="items whose "
+                                     "served-candidate count a gallery keeps (the most "
+                                     "counted)")
+    candidate_searches_kept: int = Field(
+        5_000, ge=0, le=1_000_000, description="last searches whose candidate ids (no query) "
+        "a gallery keeps, for the plan's warm curves; 0: none")
     rerank_score: Literal["new", "fused"] = Field(
         "new", description="how a rerank ranks the candidates: new (the new model's cosine) "
         "or fused (the new model's cosine plus the route's; bench frontier, 50,000 items, two "

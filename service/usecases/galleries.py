@@ -67,6 +67,7 @@ async def delete_gallery(gateway: Gateway, name: str, by: str) -> GalleryRecord:
         if side.collection != name:
             await asyncio.to_thread(gateway.store.drop_collection, side.collection)
     await asyncio.to_thread(ThumbnailStore.of(gateway.settings).drop, name)
+    await asyncio.to_thread(gateway.candidates.forget, name)  # what its users retrieved
     await asyncio.to_thread(gateway.registry.forget_gallery, name)
     return record
 

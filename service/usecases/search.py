@@ -76,14 +76,29 @@ async def search(gateway: Gateway, gallery: str, query: Query) -> Answer:
                         and serving.migration == "backfilling"):
         if query.rerank:
             raise InvalidInput("give hybrid or rerank, not both")
-        return await hybrid_search(gateway, serving, embedder, query)
-    if query.rerank or (query.rerank is None and serving.reranks
-                        and serving.migration == "backfilling"):
-        return await rerank_search(gateway, serving, embedder, query)
-    vector = await embed_query(embedder, query, gateway.settings)
-    hits = await gateway.searches.search(serving.collection, vector, query.kind, query.top_k,
-                                         query.where)
-    return Answer(gallery, embedder.version, embedder.route, embedder.space, query.kind, hits)
+        answer = await hybrid_search(gateway, serving, embedder, query)
+    elif query.rerank or (query.rerank is None and serving.reranks
+                          and serving.migration == "backfilling"):
+        answer, candidates = await rerank_search(gateway, serving, embedder, query)
+        count_candidates(gateway, gallery, candidates)
+        return answer
+    else:
+        vector = await embed_query(embedder, query, gateway.settings)
+        hits = await gateway.searches.search(serving.collection, vector, query.kind,
+                                             query.top_k, query.where)
+        answer = Answer(gallery, embedder.version, embedder.route, embedder.space, query.kind,
+                        hits)
+    count_candidates(gateway, gallery, answer.hits)
+    return answer
+
+
+def count_candidates(gateway: Gateway, gallery: str, hits: list[Hit]) -> None:
+    """What users retrieve (``service.runtime.candidates``): the search's served
+    candidates counted in memory; the counts are saved off the event loop when due."""
+    counts = gateway.candidates
+    counts.record(gallery, (h.id for h in hits))
+    if counts.due():
+        asyncio.get_running_loop().run_in_executor(None, counts.save)
 
 
 def check_query(query: Query, top_k_max: int, rerank_k_max: int | None = None) -> None:
@@ -133,11 +148,11 @@ async def both_queries(gateway: Gateway, embedders: tuple[Embedder, Embedder],
 
 
 async def rerank_search(gateway: Gateway, serving: Any, embedder: Embedder,
-                        query: Query) -> Answer:
+                        query: Query) -> tuple[Answer, list[Hit]]:
     """The route's top ``k`` candidates (``rerank_count``) ranked by the new model
     (``rerank``), followed by the rest of the route's ``top_k`` in the route's order (where
     ``top_k`` is over ``k``); the answer's ``top_k`` best, and what the rerank read,
-    embedded and left in place."""
+    embedded and left in place. Also the route's top ``k`` (the served candidates)."""
     other = rerank_side(serving)
     k = rerank_count(query, serving.rerank_k, gateway.settings)
     vectors = await both_queries(gateway, (embedder, other.embedder), query)
@@ -145,7 +160,7 @@ async def rerank_search(gateway: Gateway, serving: Any, embedder: Embedder,
                                                max(k, query.top_k), query.where)
     hits, report = await rerank(gateway, serving, candidates[:k], vectors[1], query.kind, k)
     return Answer(serving.gallery, embedder.version, "rerank", serving.space, query.kind,
-                  (hits + candidates[k:])[:query.top_k], report.to_json())
+                  (hits + candidates[k:])[:query.top_k], report.to_json()), candidates[:k]
 
 
 def rerank_count(query: Query, migration_k: int | None, settings: Settings) -> int:

@@ -96,7 +96,9 @@ class MigrationOut(BaseModel):
         "filled_by_reads, filled_by_backfill (the rest of reembedded: the backfill and "
         "writes), order, switch, switch_at (the fraction from which the validation curve "
         "says the side beats the route), switched_at_fraction and switched_at (once "
-        "switched), switched_back_at_fraction; "
+        "switched), switched_back_at_fraction; with order candidates: candidates {planned "
+        "(start or resume), first (items users retrieved, re-embedded first), left (items "
+        "planned then), items_counted}; "
         "with a transform: transform (method, sample, metrics), curve [{fraction, t2i, i2t: "
         "{side, share: {share, se}}}], routed, share_estimate (the curve at the current "
         "fraction)"))

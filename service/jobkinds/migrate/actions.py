@@ -23,7 +23,14 @@ from service.jobkinds.base import GatewayPort
 from service.jobkinds.migrate import record as records
 from service.jobkinds.migrate.lifecycle import paused, require
 from service.jobkinds.migrate.params import MigrateParams
-from service.jobkinds.migrate.planning import backfill_item, ranges, write_shards
+from service.jobkinds.migrate.planning import (
+    backfill_item,
+    keep_counts,
+    planned,
+    ranges,
+    replan_paused,
+    write_shards,
+)
 from service.jobkinds.migrate.record import MigrationState
 from service.state.errors import Conflict, GateFailed, InvalidInput, NotFound, shown
 from service.state.gallery.locks import gallery_lock
@@ -292,6 +299,10 @@ async def resume(gateway: GatewayPort, gallery: str) -> Job:
     m, job = now.migration, now.job
     assert job is not None and m is not None
     if paused(job):
+        if MigrateParams.model_validate(job.params).order == "candidates":
+            dealt = await asyncio.to_thread(replan_paused, gateway, job)
+            log.info("migration of %s: %d item(s) dealt again in candidate order", gallery,
+                     dealt)
         log.info("migration of %s: backfill resumed", gallery)
         return await asyncio.to_thread(gateway.jobs.update, job.id,
                                        lambda j: j.merged(result={PAUSED: False}))
@@ -300,7 +311,11 @@ async def resume(gateway: GatewayPort, gallery: str) -> Job:
                                   lambda j: j.merged(result={PAUSED: False}))
     left = await asyncio.to_thread(locked_reconcile, gateway, gallery, m, job)
     params = MigrateParams.model_validate(job.params)
-    added = await asyncio.to_thread(write_shards, gateway, job, ranges(left, params.shards))
+    plan = ranges(left, params.shards)
+    if params.order == "candidates":
+        counts = await asyncio.to_thread(keep_counts, gateway, job, left, "resume")
+        plan = planned(left, params, counts)
+    added = await asyncio.to_thread(write_shards, gateway, job, plan)
     await asyncio.to_thread(records.merge, gateway.jobs, job.id, resumed_items=len(left),
                             planned_shards=len(job.shards) + len(added))
     for n in added:

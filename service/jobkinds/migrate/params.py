@@ -44,9 +44,12 @@ class MigrateParams(Params):
                                "embeds to fit the transform (their vectors are the first "
                                "re-embedded); default 2% of the gallery, at least 500, at "
                                "most 10,000")
-    order: Literal["id", "random", "learned"] = Field(
+    order: Literal["id", "random", "learned", "candidates"] = Field(
         "id", description="backfill order: id; random; learned (most wrong transformed "
-                          "vectors first, as predicted from what is stored; needs transform)")
+                          "vectors first, as predicted from what is stored; needs transform); "
+                          "candidates (the items users retrieved most often first, from the "
+                          "gallery's served-candidate counts, then by id; dealt again as the "
+                          "counts stand when a paused backfill resumes; without transform)")
     switch: Literal["end", "progressive"] = Field(
         "end", description="end: switch when every item has its new vector and the gate "
                            "passed; progressive (needs transform): as soon as the side as it "
@@ -72,6 +75,9 @@ class MigrateParams(Params):
 
     def check(self, registry: Registry, roots: Roots) -> None:
         check_dataset(roots, self.validation, "validation")
+        if self.transform and self.order == "candidates":
+            raise InvalidInput("order 'candidates' is for a migration without transform (a "
+                               "transform orders its own backfill: id, random or learned)")
         if not self.transform:
             for name, value, default in (("order", self.order, "learned"),
                                          ("switch", self.switch, "progressive")):

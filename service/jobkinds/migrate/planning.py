@@ -2,7 +2,8 @@
 
 At the start (``submit``): contiguous ranges of the items by id (``ranges``), or a seeded
 random order dealt to the shards in turn (``strided``, so that shards running at once walk
-the order together); with a transform, one shard of a sample (``sample``). Once the
+the order together), or the candidate order (what users retrieved most first, then by id),
+strided, dealt again when a paused backfill resumes (``replan_paused``); with a transform, one shard of a sample (``sample``). Once the
 transform shard is done (``plan_after_transform``): the listed items in the order it
 wrote, strided. Catch-up and resumed backfills are ranges of what is left.
 """
@@ -19,9 +20,11 @@ from service.jobkinds.migrate import record as records
 from service.jobkinds.migrate.params import MigrateParams
 from service.jobkinds.migrate.transform import LISTING, read_order
 from service.state.gallery.store import Stored
-from service.state.jobs.shards import write_items
+from service.state.jobs.shards import read_cursor, read_items, write_items
 from service.state.jobs.store import Job
 from service.vectors.backfill import origin_of
+
+CANDIDATES = "candidates.json"  # the counts a candidate-order plan used (``keep_counts``)
 
 
 def backfill_item(stored: Stored) -> dict[str, Any]:
@@ -44,13 +47,71 @@ def strided(items: list[dict[str, Any]], shards: int) -> list[list[dict[str, Any
     return [items[k::n] for k in range(n)]
 
 
-def planned(items: list[dict[str, Any]], params: MigrateParams) -> list[list[dict[str, Any]]]:
+def planned(items: list[dict[str, Any]], params: MigrateParams,
+            counts: dict[str, float] | None = None) -> list[list[dict[str, Any]]]:
     """The backfill shards of a migration without a transform: id order in contiguous
-    ranges, or a seeded random order, strided."""
+    ranges, a seeded random order, strided, or the candidate order (``by_candidates``,
+    ``counts``: the gallery's served-candidate counts), strided."""
     if params.order == "random":
         perm = np.random.default_rng(params.seed).permutation(len(items))
         return strided([items[i] for i in perm], params.shards)
+    if params.order == "candidates":
+        return strided(by_candidates(items, counts or {}), params.shards)
     return ranges(items, params.shards)
+
+
+def by_candidates(items: list[dict[str, Any]], counts: dict[str, float]) -> list[dict[str, Any]]:
+    """The candidate order: the items users retrieved most often first (their decayed
+    served-candidate count, ``service.runtime.candidates``), then the rest in the order
+    given (id order: the default)."""
+    return sorted(items, key=lambda item: -counts.get(item["id"], 0.0))  # stable: ties keep
+
+
+def keep_counts(gateway: GatewayPort, job: Job, items: list[dict[str, Any]],
+                when: str) -> dict[str, float]:
+    """The gallery's served-candidate counts now (this process's pending ones saved
+    first), kept with the migration (``CANDIDATES`` in its folder: the counted items of
+    ``items`` in the order planned, and when); the counts."""
+    gateway.candidates.save()
+    counted = gateway.candidates.load(job.gallery)
+    listed = [i["id"] for i in items if counted.counts.get(i["id"], 0.0) > 0]
+    ordered = sorted(listed, key=lambda i: (-counted.counts[i], i))
+    records.write_json(records.folder(gateway.jobs, job.id) / CANDIDATES, {
+        "planned": when, "counts_at": counted.at, "searches_kept": len(counted.searches),
+        "items_counted": len(counted.counts), "first": len(ordered),
+        "items": [[i, round(counted.counts[i], 4)] for i in ordered]})
+    records.merge(gateway.jobs, job.id, candidates={
+        "planned": when, "first": len(ordered), "left": len(items),
+        "items_counted": len(counted.counts)})
+    return counted.counts
+
+
+def replan_paused(gateway: GatewayPort, job: Job) -> int:
+    """(A paused backfill, before it resumes, with order ``candidates``.) The items the
+    paused shards have not re-embedded yet, dealt again in the candidate order as the
+    counts stand now (what the searches served while the backfill waited: the point of a
+    lazy migration); each shard keeps its length and what it did. Shards that run (still
+    finishing a batch) keep their plan. Returns the items dealt again."""
+    work = gateway.jobs.work_dir(job.id)
+    shards = [n for n, s in enumerate(job.shards)
+              if s.get("task", "backfill") == "backfill" and s["state"] == "paused"]
+    if not shards:
+        return 0
+    lists = {n: read_items(work, n) for n in shards}
+    cursors = {n: read_cursor(work, n) for n in shards}
+    left = [i for n in shards for i in lists[n][cursors[n]:]]
+    counts = keep_counts(gateway, job, left, "resume")
+    queue = iter(by_candidates(sorted(left, key=lambda i: i["id"]), counts))
+    dealt: dict[int, list[dict[str, Any]]] = {n: [] for n in shards}
+    room = {n: len(lists[n]) - cursors[n] for n in shards}
+    while any(room.values()):
+        for n in shards:
+            if room[n]:
+                dealt[n].append(next(queue))
+                room[n] -= 1
+    for n in shards:
+        write_items(work, n, lists[n][:cursors[n]] + dealt[n])
+    return len(left)
 
 
 def sample(items: list[dict[str, Any]], params: MigrateParams) -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@ migration's start to its end (undone, or retired), whatever happens to its job.
 - ``listing.json`` (a transformed migration's listed items), ``order.json`` and
   ``transform.json`` (what the transform shard wrote: the backfill order, its outcome
   and curve), ``validation.npz`` (the curve's inputs, for the checks after a switch),
+  ``candidates.json`` (the served-candidate counts a candidate-order plan used),
   ``filled-by-reads`` (ids a read-through fill wrote; the backfill skips them).
 
 The job keeps what its machinery needs and nothing of the migration: its shards, the
@@ -70,6 +71,9 @@ class MigrationState(BaseModel):
     switched_back_at_fraction: float | None = None
     switched_back: str | None = None
     resumed_items: int | None = None
+    # The candidate order's plan (``planning.keep_counts``): when it was made ("start" or
+    # "resume"), how many items it put first (those users retrieved), of how many left.
+    candidates: dict[str, Any] | None = None
     # The end of the backfill (``drive.finish``): gate_failed says the job failed by its
     # gate (not a stop); outcome says what happened and why.
     gate_failed: bool = False

@@ -141,6 +141,8 @@ def progress(job: Job, state: MigrationState | None, side: Counts) -> dict[str, 
            "switch_at": s.switch_at, "switched_at_fraction": s.switched_at_fraction,
            "switched_at": s.switched_at,
            "switched_back_at_fraction": s.switched_back_at_fraction}
+    if params.order == "candidates":  # the plan: what users retrieved, put first
+        out["candidates"] = s.candidates
     if params.transform:
         out.update({"transform": s.transform, "curve": s.curve, "routed": s.routed,
                     "share_estimate": _estimate(s.curve, side.fraction)})

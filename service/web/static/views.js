@@ -167,14 +167,17 @@ function migrationCell(g, versions, onMigrate, migrateForms = {}) {
 /** The options of a new migration (``form`` keeps them across redraws): a transform
  * first, the backfill order, when to switch, the transform's sample, the validation set
  * (the gate's, and the transform's curve; default the gallery's). A learned order and
- * a progressive switch work on the transformed side, so they are offered only with it. */
+ * a progressive switch work on the transformed side, so they are offered only with it;
+ * the candidate order (what users retrieve first) only without it. */
 function migrationOptions(form) {
   const transform = el("input", {type: "checkbox", name: "transform"});
   transform.checked = Boolean(form.transform);
-  const option = (value, label, needsTransform = false) => el("option", {value,
-    "data-needs-transform": needsTransform ? "1" : null}, label);
+  const option = (value, label, needsTransform = false, withoutTransform = false) =>
+    el("option", {value, "data-needs-transform": needsTransform ? "1" : null,
+      "data-without-transform": withoutTransform ? "1" : null}, label);
   const order = el("select", {name: "order"}, option("id", "by id"),
-    option("random", "random"), option("learned", "learned (worst first)", true));
+    option("random", "random"), option("learned", "learned (worst first)", true),
+    option("candidates", "what users retrieve first", false, true));
   const switchAt = el("select", {name: "switch"}, option("end", "at the end"),
     option("progressive", "progressive", true));
   const sample = el("input", {type: "number", name: "sample", min: 8, step: 1,
@@ -185,7 +188,9 @@ function migrationOptions(form) {
     oninput: () => { form.validation = validation.value; }});
   const sync = () => {
     for (const select of [order, switchAt]) {
-      for (const o of select.options) o.disabled = !transform.checked && !!o.dataset.needsTransform;
+      for (const o of select.options) {
+        o.disabled = transform.checked ? !!o.dataset.withoutTransform : !!o.dataset.needsTransform;
+      }
       if (select.selectedOptions[0]?.disabled) select.value = select.options[0].value;
     }
     sample.disabled = !transform.checked;
@@ -211,12 +216,14 @@ function migrationOptions(form) {
 
 // MIGRATION BODY (tests/test_web_form.py runs this function under node)
 /** The POST .../migration body of the options: only what the person set, and never a
- * combination the API refuses (learned / progressive / sample need the transform). */
+ * combination the API refuses (learned / progressive / sample need the transform,
+ * candidates refuses it). */
 export function migrationBody(form = {}) {
   const transform = Boolean(form.transform);
   const body = {};
   if (transform) body.transform = true;
-  if (form.order === "random" || (transform && form.order === "learned")) body.order = form.order;
+  if (form.order === "random" || (transform && form.order === "learned")
+      || (!transform && form.order === "candidates")) body.order = form.order;
   if (transform && form.switch === "progressive") body.switch = "progressive";
   const sample = Number.parseInt(String(form.sample ?? ""), 10);
   if (transform && Number.isFinite(sample) && sample >= 8 && sample <= 1000000) {
@@ -552,6 +559,10 @@ export function migrationPanel(view, on, form = {}) {
         : view.serving === "hybrid" ? "hybrid: both sides' scores summed"
         : "the route's order"}${p.paused ? " · the bulk backfill is paused (lazy migration)"
         : ""}`) : null,
+    p.candidates ? el("p", {class: "small", "data-field": "candidate-order"},
+      `backfill order: what users retrieve first · ${p.candidates.first} of ` +
+      `${p.candidates.left} item(s) planned first (counts as of the ${p.candidates.planned})`)
+      : null,
     view.job_error ? el("p", {class: "bad-text small", "data-field": "job-error"},
       view.job_error) : null,
     result.switch_refused ? el("p", {class: "bad-text small", "data-field": "switch-refused"},

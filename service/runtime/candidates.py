@@ -1,0 +1,165 @@
+"""What users retrieve: per gallery, a bounded, decayed count of how often each item was
+among a search's served candidates (the route's top-k of real searches, reranked or not),
+and the candidate lists of the last searches. No query text is kept: item ids only.
+
+A migration's backfill order ``candidates`` re-embeds the most counted items first
+(``service.jobkinds.migrate.planning``); a plan measures, on the recent searches, how
+warm that order keeps a rerank on read against the read-through fill alone
+(``training.upgrades.rerank.candidate_warm_curves``).
+
+One file per gallery, ``REGISTRY_ROOT/candidates/<gallery>.json``: a search adds to this
+process's pending counts (memory only, no I/O on the request path); ``save`` merges them
+into the file under a file lock (several gateway processes add up), decaying what the
+file held by the time since it was written (half-life ``candidate_half_life_s``), keeps
+the ``candidate_items_max`` most counted items and the last ``candidate_searches_kept``
+searches, and replaces the file atomically. The gateway saves every few seconds off the
+event loop and at close, so a restart loses at most those seconds of counting.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+log = logging.getLogger(__name__)
+
+FOLDER = "candidates"
+SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class Counted:
+    """One gallery's counts as saved: item id -> decayed count (as of ``at``), and the
+    last searches' candidate lists, oldest first."""
+
+    counts: dict[str, float]
+    searches: list[list[str]]
+    at: float  # wall-clock time the counts are decayed to
+
+    def order(self) -> list[str]:
+        """The counted items, most counted first (ties by id)."""
+        return sorted(self.counts, key=lambda i: (-self.counts[i], i))
+
+    def describe(self) -> dict[str, Any]:
+        return {"items_counted": len(self.counts), "searches_kept": len(self.searches),
+                "at": self.at}
+
+
+EMPTY = Counted({}, [], 0.0)
+
+
+@dataclass
+class _Pending:
+    counts: dict[str, float] = field(default_factory=dict)
+    searches: list[list[str]] = field(default_factory=list)
+
+
+class CandidateCounts:
+    """This process's counting (``record``, from the search path) and the saved counts
+    (``save``, ``load``) under ``root`` (``REGISTRY_ROOT/candidates``)."""
+
+    def __init__(self, root: Path, half_life_s: float, items_max: int, searches_kept: int,
+                 save_every_s: float = 5.0) -> None:
+        if half_life_s <= 0 or items_max < 1 or searches_kept < 0:
+            raise ValueError("half_life_s > 0, items_max >= 1 and searches_kept >= 0")
+        self.root, self.half_life_s = Path(root), float(half_life_s)
+        self.items_max, self.searches_kept = int(items_max), int(searches_kept)
+        self.save_every_s = save_every_s
+        self._pending: dict[str, _Pending] = {}
+        self._lock = threading.Lock()
+        self._saving = threading.Lock()
+        self._last_save = time.monotonic()
+
+    # ------------------------------------------------------------ the search path
+    def record(self, gallery: str, ids: Iterable[str]) -> None:
+        """One search's served candidates (each id counts once per search)."""
+        unique = list(dict.fromkeys(ids))
+        if not unique:
+            return
+        with self._lock:
+            p = self._pending.setdefault(gallery, _Pending())
+            for i in unique:
+                p.counts[i] = p.counts.get(i, 0.0) + 1.0
+            if self.searches_kept:
+                p.searches.append(unique)
+                del p.searches[:-self.searches_kept]
+
+    def due(self) -> bool:
+        """Whether a save is due (pending counts and ``save_every_s`` since the last)."""
+        return bool(self._pending) and time.monotonic() - self._last_save >= self.save_every_s \
+            and not self._saving.locked()
+
+    # ------------------------------------------------------------ the files
+    def path(self, gallery: str) -> Path:
+        return self.root / f"{gallery}.json"
+
+    def save(self) -> None:
+        """Merge every gallery's pending counts into its file (module docstring)."""
+        if not self._saving.acquire(blocking=False):
+            return  # another thread is saving: its merge takes what is pending then
+        try:
+            with self._lock:
+                pending, self._pending = self._pending, {}
+                self._last_save = time.monotonic()
+            for gallery, p in pending.items():
+                try:
+                    self._merge(gallery, p)
+                except OSError as exc:  # counting is advisory: a full disk loses counts only
+                    log.warning("candidate counts of gallery '%s' not saved: %s", gallery, exc)
+        finally:
+            self._saving.release()
+
+    def _merge(self, gallery: str, p: _Pending) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(self.path(gallery)) + ".lock"):
+            now = time.time()
+            old = self.load(gallery)
+            decay = 0.5 ** (max(0.0, now - old.at) / self.half_life_s) if old.at else 1.0
+            counts = {i: c * decay for i, c in old.counts.items()}
+            for i, c in p.counts.items():
+                counts[i] = counts.get(i, 0.0) + c
+            if len(counts) > self.items_max:
+                keep = sorted(counts, key=lambda i: (-counts[i], i))[:self.items_max]
+                counts = {i: counts[i] for i in keep}
+            searches = list(deque(old.searches + p.searches, maxlen=self.searches_kept))
+            body = {"schema_version": SCHEMA, "gallery": gallery, "at": now,
+                    "half_life_s": self.half_life_s, "counts": counts, "searches": searches}
+            tmp = self.path(gallery).with_name(f".{gallery}.{uuid.uuid4().hex[:8]}.tmp")
+            tmp.write_text(json.dumps(body))
+            os.replace(tmp, self.path(gallery))
+
+    def load(self, gallery: str) -> Counted:
+        """The saved counts of ``gallery`` (``EMPTY`` when none were saved; a file that
+        does not parse is logged and read as none: counting starts again)."""
+        return read_counted(self.path(gallery))
+
+    def forget(self, gallery: str) -> None:
+        """Drop a gallery's counts (the gallery was deleted)."""
+        with self._lock:
+            self._pending.pop(gallery, None)
+        self.path(gallery).unlink(missing_ok=True)
+
+
+def read_counted(path: Path) -> Counted:
+    """A counts file as ``CandidateCounts.save`` writes it (``EMPTY`` if missing or
+    unreadable)."""
+    try:
+        body = json.loads(Path(path).read_text())
+        return Counted({str(k): float(v) for k, v in body["counts"].items()},
+                       [[str(i) for i in s] for s in body["searches"]], float(body["at"]))
+    except FileNotFoundError:
+        return EMPTY
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        log.warning("candidate counts at %s unreadable (%s): starting again", path, exc)
+        return EMPTY

@@ -1,0 +1,154 @@
+"""What users retrieve, counted and used: the served-candidate counts
+(``service.runtime.candidates``: decayed, bounded, several processes adding up, a bad file
+read as none) and the backfill order ``candidates`` planned from them at a migration's
+start and dealt again when a paused backfill resumes (``planning.replan_paused``), on the
+real control code, job store and embedded store (``tests/migration_sim``)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from migration_sim import GALLERY, World
+
+from service.jobkinds.migrate import actions, submit
+from service.jobkinds.migrate import record as records
+from service.jobkinds.migrate.params import MigrateParams
+from service.jobkinds.migrate.planning import CANDIDATES, by_candidates
+from service.runtime.candidates import CandidateCounts, read_counted
+from service.state.errors import InvalidInput
+from service.state.jobs.shards import PAUSED, read_cursor, read_items, write_cursor
+
+
+def counts(root: Path, **kw: float) -> CandidateCounts:
+    return CandidateCounts(root, **{"half_life_s": 3600.0, "items_max": 100,
+                                    "searches_kept": 10, **kw})  # type: ignore[arg-type]
+
+
+def test_counts_add_up_once_per_search_across_processes_and_restarts(tmp_path: Path) -> None:
+    a, b = counts(tmp_path), counts(tmp_path)  # two gateway processes, one registry
+    a.record("g", ["x", "y", "x"])  # an id served twice in one search counts once
+    a.record("g", ["x"])
+    b.record("g", ["y", "z"])
+    a.save()
+    b.save()
+    got = counts(tmp_path).load("g")  # a restarted process reads what both saved
+    assert got.counts == pytest.approx({"x": 2.0, "y": 2.0, "z": 1.0}, rel=1e-3)
+    # y's second count is the later one, so it has decayed less: most counted first
+    assert got.order() == ["y", "x", "z"]
+    assert got.searches == [["x", "y"], ["x"], ["y", "z"]]
+    assert counts(tmp_path).load("other").counts == {}
+
+
+def test_counts_decay_by_their_half_life_and_keep_the_most_counted(tmp_path: Path) -> None:
+    c = counts(tmp_path, half_life_s=1.0, items_max=3, searches_kept=2)
+    for ids in (["a", "b"], ["a", "c"], ["a", "b", "d"]):
+        c.record("g", ids)
+    c.save()
+    first = c.load("g")
+    assert set(first.counts) == {"a", "b", "c"} or set(first.counts) == {"a", "b", "d"}
+    assert first.counts["a"] == pytest.approx(3.0) and len(first.searches) == 2
+    time.sleep(1.1)
+    c.record("g", ["e"])
+    c.save()
+    later = c.load("g")
+    assert later.counts["a"] < 1.5  # halved (at least) since the last save
+    assert later.counts["e"] == pytest.approx(1.0)
+    assert len(later.counts) == 3 and later.order()[0] == "a"
+
+
+def test_an_unreadable_counts_file_is_counting_from_scratch(tmp_path: Path) -> None:
+    c = counts(tmp_path)
+    c.root.mkdir(parents=True, exist_ok=True)
+    c.path("g").write_text("{not json")
+    assert c.load("g").counts == {}
+    c.record("g", ["x"])
+    c.save()  # replaced by a good file
+    assert read_counted(c.path("g")).counts == {"x": 1.0}
+    c.forget("g")
+    assert not c.path("g").exists()
+
+
+def test_the_candidate_order_puts_retrieved_items_first_then_the_default_order() -> None:
+    items = [{"id": f"i{n:02d}"} for n in range(8)]
+    got = [i["id"] for i in by_candidates(items, {"i05": 3.0, "i02": 1.0, "i07": 3.0})]
+    assert got == ["i05", "i07", "i02", "i00", "i01", "i03", "i04", "i06"]
+
+
+def test_candidates_with_a_transform_is_refused_with_a_reason() -> None:
+    with pytest.raises(InvalidInput, match="without transform"):
+        MigrateParams(transform=True, order="candidates").check(None, None)  # type: ignore[arg-type]
+
+
+def _shard_ids(world: World, job: str) -> list[list[str]]:
+    work = world.port.jobs.work_dir(job)
+    return [[i["id"] for i in read_items(work, n)]
+            for n, s in enumerate(world.port.jobs.get(job).shards)
+            if s.get("task", "backfill") == "backfill"]
+
+
+def test_a_lazy_migration_plans_from_the_counts_and_deals_again_on_resume(
+        tmp_path: Path) -> None:
+    world = World(tmp_path, items=12, seed=0)
+    port = world.port
+    try:
+        for _ in range(3):
+            port.candidates.record(GALLERY, ["i7", "i3"])
+        port.candidates.record(GALLERY, ["i3"])  # i3: 4, i7: 3
+        params = MigrateParams(shards=2, batch_size=4, serving="rerank", backfill="paused",
+                               order="candidates")
+        job = port.jobs.create("migrate", GALLERY, params.model_dump(), by="test")
+        world.run(submit.start(port, job, params))
+        shards = _shard_ids(world, job.id)
+        assert [s[0] for s in shards] == ["i3", "i7"]  # dealt in turn: i3, i7, then by id
+        assert sorted(x for s in shards for x in s) == sorted(f"i{n}" for n in range(12))
+        kept = json.loads((records.folder(port.jobs, job.id) / CANDIDATES).read_text())
+        assert kept["planned"] == "start" and kept["first"] == 2
+        assert [i for i, _ in kept["items"]] == ["i3", "i7"]
+        # The shards ran into the pause (shard 0 had done one batch before it); the
+        # searches meanwhile retrieved other items.
+        work = port.jobs.work_dir(job.id)
+        write_cursor(work, 0, 1)
+        for n in range(len(shards)):
+            port.jobs.finish_shard(job.id, n, "paused")
+        for _ in range(10):
+            port.candidates.record(GALLERY, ["i11", "i10"])
+        before = _shard_ids(world, job.id)
+        world.run(actions.resume(port, GALLERY))
+        after = _shard_ids(world, job.id)
+        assert after[0][0] == before[0][0] == "i3"  # what a shard did stays
+        assert read_cursor(work, 0) == 1
+        assert [after[0][1], after[1][0]] == ["i10", "i11"]  # most retrieved now, first
+        assert [len(s) for s in after] == [len(s) for s in before]
+        assert sorted(x for s in after for x in s) == sorted(x for s in before for x in s)
+        state = records.load(port.jobs, job.id)
+        assert state is not None and state.candidates is not None
+        assert state.candidates["planned"] == "resume"
+        assert port.jobs.get(job.id).result[PAUSED] is False
+    finally:
+        world.close()
+
+
+def test_the_gateway_counts_what_its_searches_serve(gateway_factory, tmp_path: Path) -> None:
+    """Real searches through the gateway: each one's served candidates (here the plain
+    route's top_k) are counted, no query text is kept, and the counts are saved at close
+    for the next process."""
+    from test_service_api import add, search, world_items
+
+    items = world_items()
+    with gateway_factory(max_image_pixels=64 * 64, top_k_max=20,
+                         candidate_searches_kept=5) as client:
+        add(client, items)
+        served = [search(client, text=items[n]["text"], top_k=3)["hits"] for n in range(4)]
+        search(client, status=422, text=" ", top_k=3)  # refused: nothing counted
+    saved = read_counted(tmp_path / "data" / "registry" / "candidates" / "shapes.json")
+    expected: dict[str, float] = {}
+    for hits in served:
+        for h in hits:
+            expected[h["id"]] = expected.get(h["id"], 0.0) + 1.0
+    assert saved.counts == pytest.approx(expected, rel=1e-3)
+    assert saved.searches == [[h["id"] for h in hits] for hits in served]
+    text = (tmp_path / "data" / "registry" / "candidates" / "shapes.json").read_text()
+    assert all(items[n]["text"] not in text for n in range(4))
