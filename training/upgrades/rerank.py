@@ -196,19 +196,44 @@ def _grouped(owners: np.ndarray, items: int) -> list[np.ndarray]:
     return [order[bounds[i]:bounds[i + 1]] for i in range(items)]
 
 
+def candidate_order(rows: np.ndarray, n: int) -> np.ndarray:
+    """The backfill order ``candidates`` over items ``0..n-1`` (a gallery's items in their
+    default order) learned from searches (``rows``: [S, k] served candidates): the items
+    served most often first (each counted once per search; ties in the default order),
+    then every other item in the default order (``service.runtime.candidates`` and
+    ``planning.by_candidates`` do this on a gallery)."""
+    counts = np.zeros(n, np.int64)
+    for row in np.asarray(rows):
+        counts[np.unique(row)] += 1
+    return np.lexsort((np.arange(n), -counts))
+
+
 def fill_curve(stream: np.ndarray, n: int, window: int = 1000,
                points: Sequence[float] = (0.01, 0.02, 0.05, 0.10, 0.15, 0.20, 0.25, 0.30,
-                                          0.40, 0.50)) -> dict[str, Any]:
+                                          0.40, 0.50),
+               backfill: np.ndarray | None = None, per_search: float = 0.0) -> dict[str, Any]:
     """Searches in order (``stream``: [S, k] candidate rows), each embedding the candidates
     the new side does not hold yet: per search whether it was fully warm (embedded
     nothing) and the share of the ``n`` items filled after it. Returns the warm share
     over the last ``window`` searches at each ``points`` share filled (None: not reached),
-    the filled share at which that rolling warm share first reaches 80%, and totals."""
+    the filled share at which that rolling warm share first reaches 80%, and totals.
+    With ``backfill`` (items in a backfill's order) the backfill goes on beside the reads:
+    before each search it re-embeds ``per_search`` more items of that order (fractions
+    carry over), skipping what the reads filled."""
     held = np.zeros(n, bool)
     warm = np.zeros(len(stream), bool)
     filled = np.zeros(len(stream))
-    count = 0
+    count, due, step = 0, 0.0, 0
+    order = np.asarray(backfill if backfill is not None else [], np.int64)
     for i, c in enumerate(stream):
+        due += per_search
+        while due >= 1 and step < len(order):  # the backfill's share of this moment
+            item = order[step]
+            step += 1
+            if not held[item]:
+                held[item] = True
+                count += 1
+                due -= 1
         new = c[~held[c]]
         warm[i] = len(new) == 0
         if len(new):
