@@ -152,3 +152,50 @@ def test_the_gateway_counts_what_its_searches_serve(gateway_factory, tmp_path: P
     assert saved.searches == [[h["id"] for h in hits] for hits in served]
     text = (tmp_path / "data" / "registry" / "candidates" / "shapes.json").read_text()
     assert all(items[n]["text"] not in text for n in range(4))
+
+
+def test_the_plan_measures_the_candidate_order_on_the_gallery_s_own_searches(
+        tmp_path: Path) -> None:
+    """``with_workload``: each rerank option gets the warm curves of the recorded searches
+    and applies with the candidate order exactly when that order is warm no later than
+    the read-through alone at every pace; too few searches leave the option as it was."""
+    import numpy as np
+
+    from service.jobkinds.plan import with_workload
+    from service.stack.plan_cli import warm_rows
+
+    rng = np.random.default_rng(0)
+    queries = rng.integers(0, 3000, size=(400, 20))  # 400 queries' candidates, 3,000 items
+    p = 1.0 / np.arange(1, 401) ** 1.1
+    picked = rng.choice(400, size=2000, p=p / p.sum())
+    c = counts(tmp_path / "candidates", searches_kept=5000)
+    for q in picked:
+        c.record("g", [f"item{i:05d}" for i in queries[q]])
+    c.save()
+
+    def plan() -> dict:
+        return {"options": [
+            {"name": "rerank@10", "apply": {"params": {"serving": "rerank", "rerank_k": 10}}},
+            {"name": "rerank@20", "apply": {"params": {"serving": "rerank", "rerank_k": 20}}},
+            {"name": "adapter", "apply": {"params": {"transform": False}}}]}
+
+    got = plan()
+    with_workload(got, tmp_path, "g", 3000)
+    assert got["workload"] == {"searches": 2000}
+    assert "warm" not in got["options"][2]
+    for o in got["options"][:2]:
+        warm = o["warm"]
+        assert warm["searches"] == 2000 and warm["learned_from"] == 1000
+        alone = warm["read_through"]["warm_80_at_filled"]
+        paced = [x["warm_80_at_filled"] for x in warm["candidates"]]
+        assert [x["pace"] for x in warm["candidates"]] == [1.0, 4.0]
+        no_later = all(x is not None and (alone is None or x <= alone) for x in paced)
+        assert warm["candidates_no_later"] is no_later
+        assert (o["apply"]["params"].get("order") == "candidates") is no_later
+    assert got["options"][0]["warm"] != got["options"][1]["warm"]  # cut to each k
+    rows = warm_rows(got)
+    assert [r[0] for r in rows] == ["rerank@10", "rerank@20"] and rows[0][1] == "2000"
+    few = plan()
+    with_workload(few, tmp_path, "none-recorded", 3000)
+    assert few["workload"] == {"searches": 0} and few["options"][0]["warm"] is None
+    assert "order" not in few["options"][0]["apply"]["params"]

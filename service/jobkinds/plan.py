@@ -187,7 +187,29 @@ def run(ctx: RunContext) -> dict[str, Any]:
                     xbt_versions(registry, spec.describe(), gallery.space),
                     ctx.settings.gate_max_negative_flip, ctx.settings.device, on_stage,
                     stored=stored_version(registry, gallery))
+    with_workload(plan, ctx.settings.registry_dir, ctx.job.gallery, basis["items"])
     return {"result": {"plan": plan, "skipped": skipped}}
+
+
+def with_workload(plan: dict[str, Any], registry_dir: Path, gallery: str, items: int) -> None:
+    """What the gallery's users retrieve, in the plan: on its recorded searches
+    (``service.runtime.candidates``), how soon rerank on read is warm with the read-through
+    fill alone and with the backfill order ``candidates`` beside it
+    (``training.upgrades.rerank.workload_curves``, at each rerank option's k). A rerank
+    option whose candidate order is warm no later at every pace applies with it."""
+    from service.runtime.candidates import FOLDER, read_counted
+    from training.upgrades.rerank import workload_curves
+
+    searches = read_counted(registry_dir / FOLDER / f"{gallery}.json").searches
+    plan["workload"] = {"searches": len(searches)}
+    for option in plan.get("options", []):
+        params = (option.get("apply") or {}).get("params") or {}
+        if params.get("serving") != "rerank":
+            continue
+        warm = workload_curves(searches, items, k=params.get("rerank_k"))
+        option["warm"] = warm
+        if warm is not None and warm["candidates_no_later"]:
+            params["order"] = "candidates"
 
 
 def stored_version(registry: Registry, gallery: Any) -> Any:

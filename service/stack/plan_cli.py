@@ -144,6 +144,28 @@ def end_rows(plan: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+WARM_HEADER = ("option", "searches", "read-through alone", "candidate order (paces)",
+               "applies it")
+
+
+def warm_rows(plan: dict[str, Any]) -> list[list[str]]:
+    """Each rerank option measured on the gallery's recorded searches: the share of the
+    gallery filled when 80% of searches are fully warm, with the read-through fill alone
+    and with the backfill in candidate order beside it (at each pace)."""
+    rows = []
+    for o in plan.get("options") or []:
+        warm = _dict(o.get("warm"))
+        if not warm:
+            continue
+        paced = " / ".join(pct(_dict(c).get("warm_80_at_filled"))
+                           for c in warm.get("candidates") or [])
+        order = _dict(_dict(o.get("apply")).get("params")).get("order")
+        rows.append([_text(o.get("name")), _text(warm.get("searches")),
+                     pct(_dict(warm.get("read_through")).get("warm_80_at_filled")), paced,
+                     "yes" if order == "candidates" else "no"])
+    return rows
+
+
 def curve_rows(curve: dict[str, Any]) -> list[list[str]]:
     """The curve's points at ``CURVE_AT`` and at its switch: backfilled, compute, shares."""
     switch = curve.get("switch_at")
@@ -212,6 +234,12 @@ def render(view: dict[str, Any]) -> str:
     if ends:
         parts.append("at the end of a migration served by rerank (the native side alone, "
                      "or both sides kept):\n" + grid(END_HEADER, ends))
+    warm = warm_rows(plan)
+    if warm:
+        parts.append("gallery filled when 80% of searches are fully warm, on the gallery's "
+                     "recorded searches (the first half teaches the candidate order; the "
+                     "backfill re-embeds the gallery over 1x / 4x the second half):\n"
+                     + grid(WARM_HEADER, warm))
     curve = _dict(plan.get("curve"))
     if curve.get("points"):
         switch = curve.get("switch_at")

@@ -259,3 +259,51 @@ def fill_curve(stream: np.ndarray, n: int, window: int = 1000,
             "final_filled": round(float(filled[-1]), 4),
             "final_warm": round(float(rolling[-1]), 4),
             "warm_overall": round(float(warm.mean()), 4)}
+
+
+PACES = (1.0, 4.0)  # a backfill that alone re-embeds the gallery over 1 or 4 times the searches
+LEARN_SHARE = 0.5  # of a gallery's recorded searches, the first half teaches the order
+
+
+def workload_curves(searches: Sequence[Sequence[str]], n: int, k: int | None = None,
+                    window: int | None = None) -> dict[str, Any] | None:
+    """On a gallery's own recorded searches (``service.runtime.candidates``: each one's
+    served candidate ids, oldest first; ``n`` items in the gallery): the first half
+    teaches the candidate order, the second half is served by rerank on read with the
+    read-through fill alone, or with a backfill in that order beside it at each of
+    ``PACES`` (``fill_curve``). Each measured item id takes a place in the default (id)
+    order among the ``n`` by its rank among the ids the searches name, spread evenly: the
+    recorded searches do not name the items never retrieved. Candidate lists are cut to
+    ``k`` (a rerank's k) when given. None with fewer than 20 searches. Returns each
+    way's filled share at 80% fully warm and its curve, and whether the candidate order
+    reaches it no later than the read-through alone at every pace."""
+    rows = [list(dict.fromkeys(s))[:k] if k else list(dict.fromkeys(s)) for s in searches]
+    rows = [r for r in rows if r]
+    if len(rows) < 20:
+        return None
+    named = sorted({i for r in rows for i in r})
+    n = max(n, len(named))
+    place = {i: int(j * n / len(named)) for j, i in enumerate(named)}  # evenly in id order
+    learn = int(len(rows) * LEARN_SHARE)
+    width = max(len(r) for r in rows)
+    grid = np.array([[place[i] for i in r] + [place[r[-1]]] * (width - len(r)) for r in rows])
+    window = window or max(10, (len(rows) - learn) // 10)
+    later = grid[learn:]
+    alone = fill_curve(later, n, window=window)
+    order = candidate_order(grid[:learn], n)
+    paced = []
+    for pace in PACES:
+        per = n / (pace * len(later))
+        c = fill_curve(later, n, window=window, backfill=order, per_search=per)
+        paced.append({"pace": pace, "per_search": round(per, 3),
+                      "warm_80_at_filled": c["warm_80_at_filled"], "curve": c["curve"]})
+
+    def no_later(x: float | None) -> bool:
+        a = alone["warm_80_at_filled"]
+        return x is not None and (a is None or x <= a)
+
+    return {"searches": len(rows), "learned_from": learn, "items": n, "window": window,
+            "read_through": {"warm_80_at_filled": alone["warm_80_at_filled"],
+                             "curve": alone["curve"]},
+            "candidates": paced,
+            "candidates_no_later": all(no_later(c["warm_80_at_filled"]) for c in paced)}

@@ -952,7 +952,13 @@ function optionRow(o, onApply) {
         gainText(gainOf(o.end.native?.[d]))).join(" / ")}, both sides kept ` +
         `${DIRECTIONS.map(([d]) => gainText(gainOf(o.end.kept?.[d]))).join(" / ")}` +
         (o.end.native_below_kept ? " (the native side is below: the switch asks you)" : ""))
-        : null),
+        : null,
+      isObject(o.warm) ? el("div", {class: "muted", "data-field": "warm"},
+        `warm (80% of searches) on your last ${o.warm.searches} searches: read-through ` +
+        `alone at ${pct(o.warm.read_through?.warm_80_at_filled)} of the gallery filled, ` +
+        `with the backfill in candidate order at ` +
+        `${(o.warm.candidates ?? []).map((c) => pct(c.warm_80_at_filled)).join(" / ")}` +
+        (o.apply?.params?.order === "candidates" ? " (applied with it)" : "")) : null),
     el("td", {class: "actions"}, onApply && o.applicable ? el("button", {type: "button",
       class: o.recommended ? "primary" : "", "data-action": "apply", "data-option": o.name,
       onclick: () => onApply(o.name)}, "Apply") : null));
