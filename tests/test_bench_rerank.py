@@ -35,6 +35,10 @@ def test_bench_rerank_quick(tmp_path: Path) -> None:
     assert result["budget_ms"] == 250.0
     plain = result["plain"]
     assert plain["errors"] == 0 and plain["requests"] == result["queries"]
+    from service.bench.rerank import render
+
+    table = render(result)
+    assert table.count("| 20 | cold |") == 3 and "interleaved rounds" in table
     assert "reranked" not in plain and plain["qps"] > 0
     assert set(result["rerank"]) == {"10", "20"}
     for k, cell in result["rerank"].items():
@@ -47,6 +51,17 @@ def test_bench_rerank_quick(tmp_path: Path) -> None:
         assert cell["warm"]["embedded"] == cell["warm_clients"]["embedded"] == 0
         assert cell["warm"]["read_mean"] == int(k)  # every candidate read from the new side
         assert cell["warm"]["kept"] == 0
+        # three rounds, each reranked search beside the same query's plain one, and where
+        # a reranked search's time went: a cold one waits for its decode and forward, a
+        # warm one reads every candidate and waits for nothing
+        assert len(cell["rounds"]) == 3
+        for r in cell["rounds"]:
+            for name in ("cold", "warm"):
+                x = r[name]
+                assert x["ratio"] == round(x["rerank_p50_ms"] / x["plain_p50_ms"], 3) > 0
+                assert {"query", "candidates", "read"} <= set(x["stages_p50_ms"])
+            assert {"wait", "decode", "forward"} <= set(r["cold"]["stages_p50_ms"])
+            assert "wait" not in r["warm"]["stages_p50_ms"]
     fill = result["fill"]
     assert fill["new_side_items"] == fill["new_side_points"] == fill["ranked_by_new"] > 0
     assert fill["via_read"] == fill["by_embed"] == fill["new_side_items"]

@@ -77,6 +77,9 @@ class _Flight:
 
     embedded: dict[str, asyncio.Future[np.ndarray | None]]
     task: asyncio.Task[None]
+    # what the group's embedding spent, per stage (shared by the group's flights):
+    # decode_ms (read, decode and preprocess the images), forward_ms (NEW's forwards)
+    spent: dict[str, float] = field(default_factory=dict)
 
     def of(self, kind: str) -> asyncio.Future[np.ndarray | None]:
         """The future of ``kind`` (one resolved with None where the item lacks that kind)."""
@@ -102,11 +105,16 @@ class Reranked:
     budget_ms: float = 0.0
     over_budget: int = 0  # of ``kept``: still embedding when the budget ran out
     embeds_refused: int = 0  # of ``kept``: not embedded, past the search's embedding limit
+    # where the search's time went (ms): query (its embeddings), candidates (the route's
+    # search), read (the new side's vectors), wait (for the embeddings it needed), and of
+    # the embeddings it waited on: decode (images read, decoded, preprocessed), forward
+    stages_ms: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"k": self.k, "read": self.read, "embedded": self.embedded,
                 "kept_route_place": self.kept, "over_budget": self.over_budget,
-                "embeds_refused": self.embeds_refused, "budget_ms": self.budget_ms}
+                "embeds_refused": self.embeds_refused, "budget_ms": self.budget_ms,
+                "stages_ms": {k: round(v, 3) for k, v in self.stages_ms.items()}}
 
 
 def rerank_side(serving: Any) -> Any:
@@ -129,6 +137,7 @@ async def rerank(gateway: Gateway, serving: Any, candidates: list[Hit], query_ne
     ids = [h.id for h in candidates]
     source, vectors = await asyncio.to_thread(
         _read, gateway, serving.collection, other.collection, candidates, kind)
+    report.stages_ms["read"] = (time.perf_counter() - started) * 1e3
     new = {item: vectors[item][kind] for item in ids if kind in vectors.get(item, {})}
     report.read = len(new)
     flights, report.embeds_refused = _flights(
@@ -138,9 +147,14 @@ async def rerank(gateway: Gateway, serving: Any, candidates: list[Hit], query_ne
     if report.embeds_refused:
         gateway.metrics.rerank_embeds_refused.inc(report.embeds_refused)
     if flights:
-        left = max(0.0, budget / 1e3 - (time.perf_counter() - started))
+        waited = time.perf_counter()
+        left = max(0.0, budget / 1e3 - (waited - started))
         wanted = {item: flight.of(kind) for item, flight in flights.items()}
         done, _ = await asyncio.wait(set(wanted.values()), timeout=left)
+        report.stages_ms["wait"] = (time.perf_counter() - waited) * 1e3
+        for stage in ("decode", "forward"):  # the slowest group it waited on
+            report.stages_ms[stage] = max(f.spent.get(f"{stage}_ms", 0.0)
+                                          for f in flights.values())
         for item, got in wanted.items():
             if got in done and got.exception() is None and got.result() is not None:
                 new[item] = got.result()  # type: ignore[assignment]
@@ -217,10 +231,11 @@ def _flights(gateway: Gateway, serving: Any, other: Any, kind: str, items: list[
     embedded: dict[str, dict[str, asyncio.Future[np.ndarray | None]]] = {
         s.id: {k: loop.create_future() for k in KINDS if k in s.kinds} for s in group}
     order = (kind, *(k for k in KINDS if k != kind))
-    task = loop.create_task(_fill(gateway, serving, other, group, embedded, order))
+    spent: dict[str, float] = {}
+    task = loop.create_task(_fill(gateway, serving, other, group, embedded, order, spent))
     for s in group:
         key = (other.collection, s.id)
-        flight = _INFLIGHT[key] = flights[s.id] = _Flight(embedded[s.id], task)
+        flight = _INFLIGHT[key] = flights[s.id] = _Flight(embedded[s.id], task, spent)
         task.add_done_callback(functools.partial(_forget, key, flight))
     return flights, refused
 
@@ -238,7 +253,7 @@ def _forget(key: tuple[str, str], flight: _Flight, _task: Any = None) -> None:
 
 async def _fill(gateway: Gateway, serving: Any, other: Any, group: list[Stored],
                 embedded: dict[str, dict[str, asyncio.Future[np.ndarray | None]]],
-                order: tuple[str, ...]) -> None:
+                order: tuple[str, ...], spent: dict[str, float]) -> None:
     """NEW's vectors of every kind each item of ``group`` has, from its kept sources, one
     kind at a time in ``order`` (``embedded[id][kind]`` gets each as soon as it is made, or
     None when its source cannot be read); then the items with every kind are written to
@@ -249,7 +264,8 @@ async def _fill(gateway: Gateway, serving: Any, other: Any, group: list[Stored],
     for kind in order:
         needs = [s.id for s in group if kind in embedded[s.id]]
         found = await _embedded(gateway, other.embedder, kind,
-                                {i: origins[i].get(kind) for i in needs})
+                                {i: origins[i].get(kind) for i in needs},
+                                spent if kind == order[0] else {})
         for item in needs:
             vector = found.get(item)
             embedded[item][kind].set_result(vector)
@@ -260,10 +276,12 @@ async def _fill(gateway: Gateway, serving: Any, other: Any, group: list[Stored],
 
 
 async def _embedded(gateway: Gateway, embedder: Embedder, kind: str,
-                    sources: dict[str, Any]) -> dict[str, np.ndarray]:
+                    sources: dict[str, Any], spent: dict[str, float]) -> dict[str, np.ndarray]:
     """NEW's ``kind`` vector of each item whose source (an image's location, a caption)
-    can be read and embedded; every forward submitted in one turn: one batch."""
+    can be read and embedded; every forward submitted in one turn: one batch. ``spent``
+    gets the time of each stage (decode_ms, forward_ms)."""
     items = [i for i, source in sources.items() if source]
+    started = time.perf_counter()
     if kind == "image":
         pixels = await _pixels(gateway, embedder, [str(sources[i]) for i in items])
         ready: list[tuple[str, Any]] = [(i, p) for i, p in zip(items, pixels) if p is not None]
@@ -271,12 +289,15 @@ async def _embedded(gateway: Gateway, embedder: Embedder, kind: str,
     else:
         ready = [(i, str(sources[i])) for i in items]
         embed = embedder.embed_text_group  # type: ignore[assignment]
+    spent["decode_ms"] = (time.perf_counter() - started) * 1e3
     if not ready:
         return {}
     try:
         found = await embed([x for _, x in ready])
     except (OSError, ValueError, InvalidInput):  # the group's forward failed: none of
         return {}  # its items has a vector, each keeps its route place
+    finally:
+        spent["forward_ms"] = (time.perf_counter() - started) * 1e3 - spent["decode_ms"]
     return {i: np.asarray(v, np.float32) for (i, _), v in zip(ready, found, strict=True)}
 
 

@@ -25,6 +25,7 @@ kept both sides with that mode (phase ``kept``, ``service.jobkinds.migrate.keep`
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -155,10 +156,15 @@ async def rerank_search(gateway: Gateway, serving: Any, embedder: Embedder,
     embedded and left in place. Also the route's top ``k`` (the served candidates)."""
     other = rerank_side(serving)
     k = rerank_count(query, serving.rerank_k, gateway.settings)
+    started = time.perf_counter()
     vectors = await both_queries(gateway, (embedder, other.embedder), query)
+    embedded = time.perf_counter()
     candidates = await gateway.searches.search(serving.collection, vectors[0], query.kind,
                                                max(k, query.top_k), query.where)
+    searched = time.perf_counter()
     hits, report = await rerank(gateway, serving, candidates[:k], vectors[1], query.kind, k)
+    report.stages_ms.update(query=(embedded - started) * 1e3,
+                            candidates=(searched - embedded) * 1e3)
     return Answer(serving.gallery, embedder.version, "rerank", serving.space, query.kind,
                   (hits + candidates[k:])[:query.top_k], report.to_json()), candidates[:k]
 

@@ -135,7 +135,8 @@ class SearchResponse(BaseModel):
         "(embedded now and written there), kept_route_place (ids that kept the route's "
         "place: no new vector), over_budget (of those, still embedding when the budget ran "
         "out), embeds_refused (of those, not embedded: past the search's embedding "
-        "limit), budget_ms"))
+        "limit), budget_ms, stages_ms (where the search's time went: query, candidates, "
+        "read, wait, and of the embeddings it waited on decode and forward)"))
 
     @classmethod
     def of(cls, answer: Answer) -> SearchResponse:
