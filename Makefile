@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test test-slow install lint serve demo bench-base docs docs-serve clean
+.PHONY: test test-slow install lint serve demo bench-base bench-gpu docs docs-serve clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,12 @@ lint: $(STAMP)
 
 bench-base: $(STAMP)
 	$(VENV)/bin/nobackfill bench base --json
+
+# The check of a GPU host: training, then migration and rerank on the models it trained,
+# each part under a time limit, one table at the end (deploy/gpu-check.sh; QUICK=1: every
+# part at its smallest, on the CPU too).
+bench-gpu: $(STAMP)
+	PY=$(VENV)/bin/python deploy/gpu-check.sh
 
 # The manual (mkdocs.yml, docs/): built into site/ with --strict, so a broken link, a page
 # missing from the nav or a bad anchor fails; the reference pages are generated from the

@@ -1,40 +1,97 @@
 #!/usr/bin/env bash
-# The CUDA check of a GPU host (docs/how-to/deploy.md, "Check the GPU path"): with CUDA
-# present every training method picks it, so this runs the training tests there, trains
-# bench base's OLD and NEW on the GPU, and runs one NCCL rank of the data-parallel trainer.
+# The check of a GPU host (docs/how-to/deploy.md, "Check the GPU path"), one command within
+# 6 minutes on one GPU: the training path (the training tests with CUDA present, bench
+# base's OLD and NEW trained on the GPU, one NCCL rank of the data-parallel trainer), then
+# the serving and migration path on the models it trained (bench migrate --transform
+# --reads at 10,000 items, bench rerank, bench serve --quick), each part under its own time
+# limit, nvidia-smi sampling the GPU's utilisation meanwhile; at the end one table
+# (nobackfill bench host-report $OUT): device, utilisation, the encoder's and the
+# backfill's items/s and their ratio, search p50/p99 idle and during the migration, cold
+# and warm rerank ratios.
+#
+# QUICK=1: every part at its smallest, on whatever device there is (the CPU in CI): a few
+# training tests, no bench base (migrate and rerank use random tiny models, --quick).
 # Needs the package importable (installed, or PYTHONPATH=repo root); writes to $OUT.
 set -u -o pipefail
 OUT=${OUT:-runs/gpu-check}
 PY=${PY:-python3}
+QUICK=${QUICK:-0}
+BASE=${BASE:-/tmp/gpu-bench-base}
 mkdir -p "$OUT"
+rm -f "$OUT"/*.status "$OUT"/bench-*.json "$OUT/gpu-util.csv"
 export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD"
 NOBACKFILL=("$PY" -c 'import sys; from training.cli import main; sys.exit(main(sys.argv[1:]))')
+if [ "$QUICK" = 1 ]; then DEVICE=${DEVICE:-auto}; else DEVICE=${DEVICE:-cuda}; fi
 
-{ nvidia-smi -L; "$PY" -c '
+# part NAME LIMIT_S CMD...: CMD under a time limit; "EXIT SECONDS" into $OUT/NAME.status
+part() {
+    local name=$1 limit=$2 t0 code
+    shift 2
+    echo "== $name (limit ${limit} s)"
+    t0=$(date +%s%N)
+    timeout "$limit" "$@"
+    code=$?
+    printf '%s %d.%03d\n' "$code" $(( ($(date +%s%N) - t0) / 1000000000 )) \
+        $(( ($(date +%s%N) - t0) / 1000000 % 1000 )) > "$OUT/$name.status"
+    echo "== $name: exit $code"
+}
+
+{ nvidia-smi -L 2>/dev/null || echo "no GPU (nvidia-smi not found or no device)"; "$PY" -c '
 import torch, open_clip, peft
-print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0),
+cuda = torch.cuda.is_available()
+print("torch", torch.__version__, "cuda", torch.version.cuda,
+      torch.cuda.get_device_name(0) if cuda else "(no CUDA device)",
       "open_clip", open_clip.__version__, "peft", peft.__version__)'; } 2>&1 | tee "$OUT/gpu.txt"
 
-# the training tests (methods, XBT, adapters, transforms, data-parallel) with CUDA present
-timeout "${TEST_S:-240}" "$PY" -m pytest -q -p no:cacheprovider --durations=5 \
-    tests/test_continual.py tests/test_xbt.py tests/test_xbt_resume.py \
-    tests/test_base_training.py tests/test_distributed.py \
-    tests/test_adapters.py tests/test_transform.py tests/test_method_config.py \
-    tests/test_evaluate.py tests/test_artifacts.py 2>&1 | tail -n 40 > "$OUT/tests.txt"
-echo "tests: exit ${PIPESTATUS[0]}; $(tail -n 1 "$OUT/tests.txt")"
+SAMPLER=
+if command -v nvidia-smi > /dev/null 2>&1; then
+    nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 500 \
+        > "$OUT/gpu-util.csv" 2> /dev/null &
+    SAMPLER=$!
+fi
+trap '[ -n "$SAMPLER" ] && kill "$SAMPLER" 2> /dev/null' EXIT
 
-# bench base on the GPU: its R@1 against the CPU run's (docs/benchmarks/base.md), and time
-rm -rf /tmp/gpu-bench-base
-timeout "${BASE_S:-240}" "${NOBACKFILL[@]}" bench base --out /tmp/gpu-bench-base --json \
-    > "$OUT/bench-base.json" 2> "$OUT/bench-base.err"
-echo "bench base: exit $?"
-"$PY" -c '
-import json, sys
-r = json.load(open(sys.argv[1]))
-for n in ("old", "new"):
-    print(n, "t2i R@1 %.3f i2t R@1 %.3f, %.0f s" % (r[n]["t2i"]["R@1"], r[n]["i2t"]["R@1"], r[n]["seconds"]))
-print("targets", r["targets"])' "$OUT/bench-base.json" 2>&1 | tee -a "$OUT/gpu.txt"
+# 1. the training tests with CUDA present (every training method picks it)
+if [ "$QUICK" = 1 ]; then
+    TESTS=(tests/test_method_config.py tests/test_artifacts.py)
+else
+    TESTS=(tests/test_base_training.py tests/test_distributed.py tests/test_xbt.py
+           tests/test_adapters.py tests/test_transform.py tests/test_continual.py)
+fi
+part tests "${TEST_S:-75}" "$PY" -m pytest -q -p no:cacheprovider -x "${TESTS[@]}" \
+    > "$OUT/tests.txt" 2>&1
+tail -n 1 "$OUT/tests.txt"
 
-# one NCCL rank of the data-parallel trainer
-timeout "${DIST_S:-90}" "${NOBACKFILL[@]}" bench distributed --device cuda --ranks 1 --steps 50 \
-    --batch-size 256 2>&1 | tail -n 4 | tee -a "$OUT/gpu.txt"
+# 2. bench base on the GPU: OLD and NEW, their R@1 against the CPU run's
+#    (docs/benchmarks/base.md); the serving parts below use these models
+if [ "$QUICK" != 1 ]; then
+    rm -rf "$BASE"
+    part bench-base "${BASE_S:-150}" "${NOBACKFILL[@]}" bench base --out "$BASE" --json \
+        > "$OUT/bench-base.json" 2> "$OUT/bench-base.err"
+    # one NCCL rank of the data-parallel trainer
+    part distributed "${DIST_S:-25}" "${NOBACKFILL[@]}" bench distributed --device cuda \
+        --ranks 1 --steps 30 --batch-size 256 > "$OUT/distributed.txt" 2>&1
+    tail -n 2 "$OUT/distributed.txt"
+    SIZE=(--base "$BASE")
+    MIGRATE=(--items 10000 --sample 5000 --duration 6 --clients 4)
+    RERANK=(--items 10000 --sample 5000 --queries 60 --writes 64)
+else
+    SIZE=(--quick)
+    MIGRATE=()
+    RERANK=()
+fi
+
+# 3. the migration with the transform and reranked reads, on the device
+part bench-migrate "${MIGRATE_S:-75}" "${NOBACKFILL[@]}" bench migrate "${SIZE[@]}" \
+    "${MIGRATE[@]}" --transform --reads --device "$DEVICE" --out "$OUT/migrate" --json \
+    > "$OUT/bench-migrate.json" 2> "$OUT/bench-migrate.err"
+# 4. rerank on read: plain and reranked searches interleaved, cold and warm
+part bench-rerank "${RERANK_S:-60}" "${NOBACKFILL[@]}" bench rerank "${SIZE[@]}" \
+    "${RERANK[@]}" --device "$DEVICE" --out "$OUT/rerank" --json \
+    > "$OUT/bench-rerank.json" 2> "$OUT/bench-rerank.err"
+# 5. the gateway's batched search
+part bench-serve "${SERVE_S:-25}" "${NOBACKFILL[@]}" bench serve --quick --device "$DEVICE" \
+    --out "$OUT/serve" --json > "$OUT/bench-serve.json" 2> "$OUT/bench-serve.err"
+
+[ -n "$SAMPLER" ] && kill "$SAMPLER" 2> /dev/null
+"${NOBACKFILL[@]}" bench host-report "$OUT" | tee "$OUT/table.md"

@@ -217,6 +217,7 @@ def _ratio(plain: dict[str, Any], reranked: dict[str, Any]) -> dict[str, Any]:
 
     a, b = percentile(plain["latencies_ms"], 50), percentile(reranked["latencies_ms"], 50)
     return {"plain_p50_ms": round(a, 2), "rerank_p50_ms": round(b, 2),
+            "plain_errors": plain["errors"],
             "ratio": round(b / a, 3) if a else None, "stages_p50_ms": _stages(reranked)}
 
 
@@ -498,7 +499,9 @@ def targets(result: dict[str, Any]) -> dict[str, Any]:
     out[f"rerank p99 (1 client) <= plain p99 + budget ({budget:g} ms)"] = {
         "value": f"{worst:.1f} ms <= {plain['p99_ms'] + budget:.1f} ms",
         "met": worst <= plain["p99_ms"] + budget}
-    errors = plain["errors"] + sum(c[p]["errors"] for c in cells.values() for p in c) + sum(
+    errors = plain["errors"] + sum(
+        c[p]["errors"] for c in cells.values() for p in ("cold", "warm", "warm_clients")) + sum(
+        r[p]["plain_errors"] for c in cells.values() for r in c["rounds"] for p in r) + sum(
         w["errors"] for w in (result.get("writes") or {}).values())
     out["0 errors"] = {"value": errors, "met": errors == 0}
     fill = result["fill"]
