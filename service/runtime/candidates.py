@@ -12,8 +12,10 @@ process's pending counts (memory only, no I/O on the request path); ``save`` mer
 into the file under a file lock (several gateway processes add up), decaying what the
 file held by the time since it was written (half-life ``candidate_half_life_s``), keeps
 the ``candidate_items_max`` most counted items and the last ``candidate_searches_kept``
-searches, and replaces the file atomically. The gateway saves every few seconds off the
-event loop and at close, so a restart loses at most those seconds of counting.
+searches, and replaces the file atomically (a file this process wrote last is not read
+again). The gateway saves once a minute at most, off the event loop, and at close, so a
+restart loses at most that minute of counting; at the bounds (200,000 items, 5,000
+searches of 20) a save takes about a third of a second of a worker thread.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ class CandidateCounts:
     (``save``, ``load``) under ``root`` (``REGISTRY_ROOT/candidates``)."""
 
     def __init__(self, root: Path, half_life_s: float, items_max: int, searches_kept: int,
-                 save_every_s: float = 5.0) -> None:
+                 save_every_s: float = 60.0) -> None:
         if half_life_s <= 0 or items_max < 1 or searches_kept < 0:
             raise ValueError("half_life_s > 0, items_max >= 1 and searches_kept >= 0")
         self.root, self.half_life_s = Path(root), float(half_life_s)
@@ -80,6 +82,9 @@ class CandidateCounts:
         self._lock = threading.Lock()
         self._saving = threading.Lock()
         self._last_save = time.monotonic()
+        # what this process last wrote per gallery, with the file's stamp then: when the
+        # file still has that stamp (no other process wrote it), it is not read again
+        self._written: dict[str, tuple[tuple[int, int], Counted]] = {}
 
     # ------------------------------------------------------------ the search path
     def record(self, gallery: str, ids: Iterable[str]) -> None:
@@ -124,7 +129,9 @@ class CandidateCounts:
         self.root.mkdir(parents=True, exist_ok=True)
         with FileLock(str(self.path(gallery)) + ".lock"):
             now = time.time()
-            old = self.load(gallery)
+            mine = self._written.get(gallery)
+            old = mine[1] if mine is not None and mine[0] == _stamp(self.path(gallery)) \
+                else self.load(gallery)
             decay = 0.5 ** (max(0.0, now - old.at) / self.half_life_s) if old.at else 1.0
             counts = {i: c * decay for i, c in old.counts.items()}
             for i, c in p.counts.items():
@@ -138,6 +145,8 @@ class CandidateCounts:
             tmp = self.path(gallery).with_name(f".{gallery}.{uuid.uuid4().hex[:8]}.tmp")
             tmp.write_text(json.dumps(body))
             os.replace(tmp, self.path(gallery))
+            self._written[gallery] = (_stamp(self.path(gallery)),
+                                      Counted(counts, searches, now))
 
     def load(self, gallery: str) -> Counted:
         """The saved counts of ``gallery`` (``EMPTY`` when none were saved; a file that
@@ -148,7 +157,16 @@ class CandidateCounts:
         """Drop a gallery's counts (the gallery was deleted)."""
         with self._lock:
             self._pending.pop(gallery, None)
+        self._written.pop(gallery, None)
         self.path(gallery).unlink(missing_ok=True)
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return (0, -1)
+    return (st.st_mtime_ns, st.st_size)
 
 
 def read_counted(path: Path) -> Counted:

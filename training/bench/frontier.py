@@ -47,6 +47,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -675,7 +676,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     else:
         old, new = open_base(Path(args.base), out)
         out.mkdir(parents=True)
-        for seed in args.seeds:
+        start = time.perf_counter()
+        for n, seed in enumerate(args.seeds):
+            print(f"bench frontier: [{n + 1}/{len(args.seeds)}] [+{time.perf_counter() - start:.1f}"
+                  f" s] seed {seed}: a {args.gallery:,}-item gallery embedded by OLD and NEW, "
+                  f"every way measured" + (f", zipf {args.zipf}" if args.zipf else ""),
+                  file=sys.stderr, flush=True)
             draw = measure_draw(old, new, args, seed, out)
             (out / f"draw-{seed}.json").write_text(json.dumps(draw))
             draws.append(draw)
