@@ -38,8 +38,8 @@ from service.jobkinds.migrate.lifecycle import TRANSITIONS, allowed, phase_of
 from service.jobkinds.migrate.params import MigrateParams
 from service.jobkinds.migrate.transform import LISTING, VALIDATION, Simulation, write_order
 from service.jobkinds.migrate.view import view
-from service.runtime.candidates import CandidateCounts
 from service.runtime.gateway import candidate_counts
+from service.state.candidates import CandidateCounts
 from service.state.config import Settings
 from service.state.errors import Conflict, GateFailed, InvalidInput
 from service.state.gallery.client import open_qdrant
@@ -428,7 +428,7 @@ class Sequence:
 
     def searched(self, ids: list[str] | None = None) -> None:
         """Searches served these candidates (default: a few live items at random), as the
-        search path counts them (``service.runtime.candidates``): what the candidate
+        search path counts them (``service.state.candidates``): what the candidate
         order plans by, at a start and when a paused backfill resumes."""
         live = sorted(self.world.model.items)
         if ids is None and live:

@@ -1,5 +1,5 @@
 """What users retrieve, counted and used: the served-candidate counts
-(``service.runtime.candidates``: decayed, bounded, several processes adding up, a bad file
+(``service.state.candidates``: decayed, bounded, several processes adding up, a bad file
 read as none) and the backfill order ``candidates`` planned from them at a migration's
 start and dealt again when a paused backfill resumes (``planning.replan_paused``), on the
 real control code, job store and embedded store (``tests/migration_sim``)."""
@@ -17,7 +17,7 @@ from service.jobkinds.migrate import actions, submit
 from service.jobkinds.migrate import record as records
 from service.jobkinds.migrate.params import MigrateParams
 from service.jobkinds.migrate.planning import CANDIDATES, by_candidates
-from service.runtime.candidates import CandidateCounts, read_counted
+from service.state.candidates import CandidateCounts, Counted, read_counted
 from service.state.errors import InvalidInput
 from service.state.jobs.shards import PAUSED, read_cursor, read_items, write_cursor
 
@@ -73,8 +73,16 @@ def test_an_unreadable_counts_file_is_counting_from_scratch(tmp_path: Path) -> N
 
 def test_the_candidate_order_puts_retrieved_items_first_then_the_default_order() -> None:
     items = [{"id": f"i{n:02d}"} for n in range(8)]
-    got = [i["id"] for i in by_candidates(items, {"i05": 3.0, "i02": 1.0, "i07": 3.0})]
-    assert got == ["i05", "i07", "i02", "i00", "i01", "i03", "i04", "i06"]
+    counts = {"i05": 3.0, "i02": 1.0, "i07": 3.0, "i01": 2.0, "i03": 1.0}
+    # no recorded searches: the items by count (ties by the order given), then the rest
+    got = [i["id"] for i in by_candidates(items, Counted(counts, [], 0.0))]
+    assert got == ["i05", "i07", "i01", "i02", "i03", "i00", "i04", "i06"]
+    # recorded searches first: {i03, i06} twice (worth 2 / 2), {i02} once (1 / 1), then
+    # {i01, i02} (1 / 1 once i02 is held); then by count, then the rest
+    searches = [["i06", "i03"], ["i02"], ["i03", "i06"], ["i01", "i02"]]
+    got = [i["id"] for i in by_candidates(items, Counted(counts, searches, 0.0))]
+    assert got[:4] in (["i03", "i06", "i02", "i01"], ["i02", "i03", "i06", "i01"])
+    assert got[4:] == ["i05", "i07", "i00", "i04"]
 
 
 def test_candidates_with_a_transform_is_refused_with_a_reason() -> None:

@@ -69,19 +69,24 @@ def test_the_fill_counts_each_item_once_and_warm_means_nothing_embedded() -> Non
 def test_the_candidate_order_and_a_backfill_beside_the_reads() -> None:
     from training.upgrades.rerank import candidate_order
 
-    learned = np.array([[5, 2], [5, 7], [2, 5], [9, 5]])  # 5: 4 searches, 2: 2, 7 and 9: 1
+    # {2, 5} searched twice (worth 2 / 2) first, then {5, 7} and {5, 9} (1 / 1 each, once
+    # 5 is held), then the items no search named, in the default order
+    learned = np.array([[5, 2], [5, 7], [2, 5], [9, 5]])
     order = candidate_order(learned, 10)
-    assert order.tolist() == [5, 2, 7, 9, 0, 1, 3, 4, 6, 8]  # ties in the default order
-    assert candidate_order(np.array([[1, 1, 3]]), 4).tolist() == [1, 3, 0, 2]  # once a search
+    assert order.tolist() == [2, 5, 7, 9, 0, 1, 3, 4, 6, 8]
+    assert candidate_order(np.array([[1, 1, 3]]), 4).tolist() == [1, 3, 0, 2]
+    # a search seen often beats a larger one seen once; a nearly held one comes early
+    rows = np.array([[0, 1, 2, 3]] + [[4, 5, 4, 5]] * 3)  # rows padded with repeats
+    assert candidate_order(rows, 6).tolist() == [4, 5, 0, 1, 2, 3]
     stream = np.array([[5, 2], [5, 2], [0, 1], [5, 7]])
     # one backfill item before each search (what is held already is skipped, not paid):
-    # 5 (search 0 lacks 2: it fills it), 7 (search 1 warm), 9 (search 2 fills 0 and 1),
+    # 2 (search 0 lacks 5: it fills it), 7 (search 1 warm), 9 (search 2 fills 0 and 1),
     # 3 after skipping 0 and 1 (search 3 warm: 5 and 7 held)
     out = fill_curve(stream, 10, window=1, points=(0.2, 0.6), backfill=order, per_search=1.0)
     assert out["warm_overall"] == pytest.approx(2 / 4)
     assert out["final_filled"] == pytest.approx(0.7)
     assert out["warm_80_at_search"] == 1 and out["warm_80_at_filled"] == 0.3  # 5, 2, 7
-    # half an item per search: search 0 fills 5 and 2, then 7 (search 1 warm), search 2
+    # half an item per search: search 0 fills 2 and 5, then 7 (search 1 warm), search 2
     # fills 0 and 1, then 9 (search 3 warm)
     half = fill_curve(stream, 10, window=1, points=(0.5,), backfill=order, per_search=0.5)
     assert half["final_filled"] == pytest.approx(0.6)

@@ -111,7 +111,7 @@ class GatewayPort(Protocol):
     jobs: JobStore
     queue: Any  # service.state.jobs.broker.JobQueue: send, send_shard
     runtime: Any  # service.runtime.serving.Runtime: refresh, embedder
-    candidates: Any  # service.runtime.candidates.CandidateCounts: save, load
+    candidates: Any  # service.state.candidates.CandidateCounts: save, load
 
 
 Runner = Callable[[RunContext], dict[str, Any]]

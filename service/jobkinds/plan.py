@@ -193,11 +193,11 @@ def run(ctx: RunContext) -> dict[str, Any]:
 
 def with_workload(plan: dict[str, Any], registry_dir: Path, gallery: str, items: int) -> None:
     """What the gallery's users retrieve, in the plan: on its recorded searches
-    (``service.runtime.candidates``), how soon rerank on read is warm with the read-through
+    (``service.state.candidates``), how soon rerank on read is warm with the read-through
     fill alone and with the backfill order ``candidates`` beside it
     (``training.upgrades.rerank.workload_curves``, at each rerank option's k). A rerank
     option whose candidate order is warm no later at every pace applies with it."""
-    from service.runtime.candidates import FOLDER, read_counted
+    from service.state.candidates import FOLDER, read_counted
     from training.upgrades.rerank import workload_curves
 
     searches = read_counted(registry_dir / FOLDER / f"{gallery}.json").searches

@@ -8,12 +8,12 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from service.runtime.candidates import CandidateCounts
 from service.runtime.embedder import Batching
 from service.runtime.metrics import Metrics
 from service.runtime.search_batcher import SearchBatcher
 from service.runtime.serving import EncoderLoader, Runtime
 from service.runtime.threads import lane_torch_threads
+from service.state.candidates import CandidateCounts
 from service.state.config import Settings
 from service.state.gallery import GalleryStore, open_qdrant
 from service.state.jobs import JobStore
@@ -69,7 +69,7 @@ def open_gateway(settings: Settings, metrics: Metrics,
 
 
 def candidate_counts(settings: Settings) -> CandidateCounts:
-    from service.runtime.candidates import FOLDER
+    from service.state.candidates import FOLDER
 
     return CandidateCounts(settings.registry_dir / FOLDER, settings.candidate_half_life_s,
                            settings.candidate_items_max, settings.candidate_searches_kept)

@@ -74,7 +74,7 @@ class Settings(BaseSettings):
         "side holds. Default 32: at least the default rerank_k (20), so a default rerank "
         "embeds all its candidates, and the default batch_max_size, so one search's fills "
         "make at most one forward per kind")
-    # What users retrieve (service/runtime/candidates.py): the backfill order
+    # What users retrieve (service/state/candidates.py): the backfill order
     # ``candidates`` and the plan's warm curves read these counts.
     candidate_half_life_s: float = Field(
         86_400.0, gt=0, description="half-life of the served-candidate counts (seconds): a "

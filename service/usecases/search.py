@@ -94,7 +94,7 @@ async def search(gateway: Gateway, gallery: str, query: Query) -> Answer:
 
 
 def count_candidates(gateway: Gateway, gallery: str, hits: list[Hit]) -> None:
-    """What users retrieve (``service.runtime.candidates``): the search's served
+    """What users retrieve (``service.state.candidates``): the search's served
     candidates counted in memory; the counts are saved off the event loop when due."""
     counts = gateway.candidates
     counts.record(gallery, (h.id for h in hits))

@@ -196,16 +196,56 @@ def _grouped(owners: np.ndarray, items: int) -> list[np.ndarray]:
     return [order[bounds[i]:bounds[i + 1]] for i in range(items)]
 
 
+def searched_first(searches: Sequence[Sequence[Any]]) -> list[Any]:
+    """The items of recorded searches (each one's served candidates) in the order that
+    makes the most of them fully warm soonest: a search that was seen ``c`` times and
+    still lacks ``m`` of its candidates is worth ``c / m``; the candidates of the worthiest
+    are taken, the others' worth updated, until every searched item is taken (greedy,
+    as ``best_fill_curve`` with the searches' own counts for the workload's shares).
+    A search seen often, or nearly held already, comes first: an item only a rare search
+    needs comes last."""
+    import heapq
+
+    sets: dict[tuple[Any, ...], int] = {}
+    for s in searches:
+        key = tuple(sorted(set(s)))
+        if key:
+            sets[key] = sets.get(key, 0) + 1
+    queries = list(sets)
+    count = [sets[q] for q in queries]
+    missing = [len(q) for q in queries]
+    holders: dict[Any, list[int]] = {}
+    for n, q in enumerate(queries):
+        for i in q:
+            holders.setdefault(i, []).append(n)
+    taken: dict[Any, None] = {}
+    heap = [(-count[n] / missing[n], n, missing[n]) for n in range(len(queries))]
+    heapq.heapify(heap)
+    while heap:
+        _, n, was = heapq.heappop(heap)
+        if missing[n] != was or missing[n] == 0:
+            continue  # stale: a newer entry (or none, once warm) holds it
+        for i in queries[n]:
+            if i in taken:
+                continue
+            taken[i] = None
+            for other in holders[i]:
+                missing[other] -= 1
+                if missing[other]:
+                    heapq.heappush(heap, (-count[other] / missing[other], other,
+                                          missing[other]))
+    return list(taken)
+
+
 def candidate_order(rows: np.ndarray, n: int) -> np.ndarray:
     """The backfill order ``candidates`` over items ``0..n-1`` (a gallery's items in their
-    default order) learned from searches (``rows``: [S, k] served candidates): the items
-    served most often first (each counted once per search; ties in the default order),
-    then every other item in the default order (``service.runtime.candidates`` and
-    ``planning.by_candidates`` do this on a gallery)."""
-    counts = np.zeros(n, np.int64)
-    for row in np.asarray(rows):
-        counts[np.unique(row)] += 1
-    return np.lexsort((np.arange(n), -counts))
+    default order) learned from searches (``rows``: [S, k] served candidates):
+    ``searched_first``, then every other item in the default order
+    (``planning.by_candidates`` does this on a gallery)."""
+    first = searched_first([list(np.unique(r)) for r in np.asarray(rows)])
+    seen = np.zeros(n, bool)
+    seen[first] = True
+    return np.concatenate([np.asarray(first, np.int64), np.flatnonzero(~seen)])
 
 
 def fill_curve(stream: np.ndarray, n: int, window: int = 1000,
@@ -267,7 +307,7 @@ LEARN_SHARE = 0.5  # of a gallery's recorded searches, the first half teaches th
 
 def workload_curves(searches: Sequence[Sequence[str]], n: int, k: int | None = None,
                     window: int | None = None) -> dict[str, Any] | None:
-    """On a gallery's own recorded searches (``service.runtime.candidates``: each one's
+    """On a gallery's own recorded searches (``service.state.candidates``: each one's
     served candidate ids, oldest first; ``n`` items in the gallery): the first half
     teaches the candidate order, the second half is served by rerank on read with the
     read-through fill alone, or with a backfill in that order beside it at each of

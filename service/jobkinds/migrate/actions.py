@@ -313,8 +313,8 @@ async def resume(gateway: GatewayPort, gallery: str) -> Job:
     params = MigrateParams.model_validate(job.params)
     plan = ranges(left, params.shards)
     if params.order == "candidates":
-        counts = await asyncio.to_thread(keep_counts, gateway, job, left, "resume")
-        plan = planned(left, params, counts)
+        counted = await asyncio.to_thread(keep_counts, gateway, job, left, "resume")
+        plan = planned(left, params, counted)
     added = await asyncio.to_thread(write_shards, gateway, job, plan)
     await asyncio.to_thread(records.merge, gateway.jobs, job.id, resumed_items=len(left),
                             planned_shards=len(job.shards) + len(added))

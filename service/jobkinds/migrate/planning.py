@@ -19,6 +19,7 @@ from service.jobkinds.base import GatewayPort
 from service.jobkinds.migrate import record as records
 from service.jobkinds.migrate.params import MigrateParams
 from service.jobkinds.migrate.transform import LISTING, read_order
+from service.state.candidates import EMPTY, Counted
 from service.state.gallery.store import Stored
 from service.state.jobs.shards import read_cursor, read_items, write_items
 from service.state.jobs.store import Job
@@ -48,42 +49,48 @@ def strided(items: list[dict[str, Any]], shards: int) -> list[list[dict[str, Any
 
 
 def planned(items: list[dict[str, Any]], params: MigrateParams,
-            counts: dict[str, float] | None = None) -> list[list[dict[str, Any]]]:
+            counted: Counted | None = None) -> list[list[dict[str, Any]]]:
     """The backfill shards of a migration without a transform: id order in contiguous
     ranges, a seeded random order, strided, or the candidate order (``by_candidates``,
-    ``counts``: the gallery's served-candidate counts), strided."""
+    ``counted``: what the gallery's searches served), strided."""
     if params.order == "random":
         perm = np.random.default_rng(params.seed).permutation(len(items))
         return strided([items[i] for i in perm], params.shards)
     if params.order == "candidates":
-        return strided(by_candidates(items, counts or {}), params.shards)
+        return strided(by_candidates(items, counted or EMPTY), params.shards)
     return ranges(items, params.shards)
 
 
-def by_candidates(items: list[dict[str, Any]], counts: dict[str, float]) -> list[dict[str, Any]]:
-    """The candidate order: the items users retrieved most often first (their decayed
-    served-candidate count, ``service.runtime.candidates``), then the rest in the order
-    given (id order: the default)."""
-    return sorted(items, key=lambda item: -counts.get(item["id"], 0.0))  # stable: ties keep
+def by_candidates(items: list[dict[str, Any]], counted: Counted) -> list[dict[str, Any]]:
+    """The candidate order: the items of the recorded searches in the order that makes the
+    most of those searches fully warm soonest (``searched_first``: a search seen often,
+    or nearly held, first), then the other items users retrieved by their decayed count,
+    then the rest in the order given (id order: the default)."""
+    from training.upgrades.rerank import searched_first
+
+    rank = {i: n for n, i in enumerate(searched_first(counted.searches))}
+    last = len(rank)
+    return sorted(items, key=lambda item: (rank.get(item["id"], last),
+                                           -counted.counts.get(item["id"], 0.0)))
 
 
 def keep_counts(gateway: GatewayPort, job: Job, items: list[dict[str, Any]],
-                when: str) -> dict[str, float]:
-    """The gallery's served-candidate counts now (this process's pending ones saved
-    first), kept with the migration (``CANDIDATES`` in its folder: the counted items of
-    ``items`` in the order planned, and when); the counts."""
+                when: str) -> Counted:
+    """What the gallery's searches served now (this process's pending counts saved
+    first), kept with the migration (``CANDIDATES`` in its folder: the items of ``items``
+    users retrieved, in the order planned, with their counts, and when); the counts."""
     gateway.candidates.save()
     counted = gateway.candidates.load(job.gallery)
-    listed = [i["id"] for i in items if counted.counts.get(i["id"], 0.0) > 0]
-    ordered = sorted(listed, key=lambda i: (-counted.counts[i], i))
+    ordered = [i["id"] for i in by_candidates(items, counted)
+               if i["id"] in counted.counts][:len(counted.counts)]
     records.write_json(records.folder(gateway.jobs, job.id) / CANDIDATES, {
         "planned": when, "counts_at": counted.at, "searches_kept": len(counted.searches),
         "items_counted": len(counted.counts), "first": len(ordered),
         "items": [[i, round(counted.counts[i], 4)] for i in ordered]})
     records.merge(gateway.jobs, job.id, candidates={
         "planned": when, "first": len(ordered), "left": len(items),
-        "items_counted": len(counted.counts)})
-    return counted.counts
+        "items_counted": len(counted.counts), "searches": len(counted.searches)})
+    return counted
 
 
 def replan_paused(gateway: GatewayPort, job: Job) -> int:
@@ -100,8 +107,8 @@ def replan_paused(gateway: GatewayPort, job: Job) -> int:
     lists = {n: read_items(work, n) for n in shards}
     cursors = {n: read_cursor(work, n) for n in shards}
     left = [i for n in shards for i in lists[n][cursors[n]:]]
-    counts = keep_counts(gateway, job, left, "resume")
-    queue = iter(by_candidates(sorted(left, key=lambda i: i["id"]), counts))
+    counted = keep_counts(gateway, job, left, "resume")
+    queue = iter(by_candidates(sorted(left, key=lambda i: i["id"]), counted))
     dealt: dict[int, list[dict[str, Any]]] = {n: [] for n in shards}
     room = {n: len(lists[n]) - cursors[n] for n in shards}
     while any(room.values()):

@@ -102,10 +102,11 @@ async def prepare(gateway: GatewayPort, job: Job, params: MigrateParams) -> list
             planned = await asyncio.to_thread(write_shards, gateway, job,
                                               [planning.sample(items, params)], "transform")
         else:
-            counts = (await asyncio.to_thread(planning.keep_counts, gateway, job, items, "start")
-                      if params.order == "candidates" else None)
+            counted = (await asyncio.to_thread(planning.keep_counts, gateway, job, items,
+                                               "start")
+                       if params.order == "candidates" else None)
             planned = await asyncio.to_thread(write_shards, gateway, job,
-                                              planning.planned(items, params, counts))
+                                              planning.planned(items, params, counted))
         if params.backfill == "paused":
             await asyncio.to_thread(gateway.jobs.update, job.id,
                                     lambda j: j.merged(result={PAUSED: True}))
