@@ -58,10 +58,15 @@ def test_bench_rerank_quick(tmp_path: Path) -> None:
         for r in cell["rounds"]:
             for name in ("cold", "warm"):
                 x = r[name]
-                assert x["ratio"] == round(x["rerank_p50_ms"] / x["plain_p50_ms"], 3) > 0
+                assert x["ratio"] > 0 and x["plain_errors"] == 0
+                assert x["ratio"] == pytest.approx(x["rerank_p50_ms"] / x["plain_p50_ms"],
+                                                   rel=0.01)  # the p50s are rounded
                 assert {"query", "candidates", "read"} <= set(x["stages_p50_ms"])
-            assert {"wait", "decode", "forward"} <= set(r["cold"]["stages_p50_ms"])
             assert "wait" not in r["warm"]["stages_p50_ms"]
+        # a cold round whose searches embedded something waited for decode and forward
+        # (with 4 queries a round, one may find its candidates filled by the ones before)
+        assert any({"wait", "decode", "forward"} <= set(r["cold"]["stages_p50_ms"])
+                   for r in cell["rounds"])
     fill = result["fill"]
     assert fill["new_side_items"] == fill["new_side_points"] == fill["ranked_by_new"] > 0
     assert fill["via_read"] == fill["by_embed"] == fill["new_side_items"]
