@@ -23,13 +23,14 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD"
 NOBACKFILL=("$PY" -c 'import sys; from training.cli import main; sys.exit(main(sys.argv[1:]))')
 if [ "$QUICK" = 1 ]; then DEVICE=${DEVICE:-auto}; else DEVICE=${DEVICE:-cuda}; fi
 
-# part NAME LIMIT_S CMD...: CMD under a time limit; "EXIT SECONDS" into $OUT/NAME.status
+# part NAME LIMIT_S STDOUT STDERR CMD...: CMD under a time limit, its output into the two
+# files; "EXIT SECONDS" into $OUT/NAME.status
 part() {
-    local name=$1 limit=$2 t0 code
-    shift 2
+    local name=$1 limit=$2 out=$3 err=$4 t0 code
+    shift 4
     echo "== $name (limit ${limit} s)"
     t0=$(date +%s%N)
-    timeout "$limit" "$@"
+    timeout "$limit" "$@" > "$out" 2> "$err"
     code=$?
     printf '%s %d.%03d\n' "$code" $(( ($(date +%s%N) - t0) / 1000000000 )) \
         $(( ($(date +%s%N) - t0) / 1000000 % 1000 )) > "$OUT/$name.status"
@@ -58,19 +59,20 @@ else
     TESTS=(tests/test_base_training.py tests/test_distributed.py tests/test_xbt.py
            tests/test_adapters.py tests/test_transform.py tests/test_continual.py)
 fi
-part tests "${TEST_S:-75}" "$PY" -m pytest -q -p no:cacheprovider -x "${TESTS[@]}" \
-    > "$OUT/tests.txt" 2>&1
+part tests "${TEST_S:-75}" "$OUT/tests.txt" "$OUT/tests.err" \
+    "$PY" -m pytest -q -p no:cacheprovider -x "${TESTS[@]}"
 tail -n 1 "$OUT/tests.txt"
 
 # 2. bench base on the GPU: OLD and NEW, their R@1 against the CPU run's
 #    (docs/benchmarks/base.md); the serving parts below use these models
 if [ "$QUICK" != 1 ]; then
     rm -rf "$BASE"
-    part bench-base "${BASE_S:-150}" "${NOBACKFILL[@]}" bench base --out "$BASE" --json \
-        > "$OUT/bench-base.json" 2> "$OUT/bench-base.err"
+    part bench-base "${BASE_S:-150}" "$OUT/bench-base.json" "$OUT/bench-base.err" \
+        "${NOBACKFILL[@]}" bench base --out "$BASE" --json
     # one NCCL rank of the data-parallel trainer
-    part distributed "${DIST_S:-25}" "${NOBACKFILL[@]}" bench distributed --device cuda \
-        --ranks 1 --steps 30 --batch-size 256 > "$OUT/distributed.txt" 2>&1
+    part distributed "${DIST_S:-25}" "$OUT/distributed.txt" "$OUT/distributed.err" \
+        "${NOBACKFILL[@]}" bench distributed --device cuda --ranks 1 --steps 30 \
+        --batch-size 256
     tail -n 2 "$OUT/distributed.txt"
     SIZE=(--base "$BASE")
     MIGRATE=(--items 10000 --sample 5000 --duration 6 --clients 4)
@@ -82,16 +84,16 @@ else
 fi
 
 # 3. the migration with the transform and reranked reads, on the device
-part bench-migrate "${MIGRATE_S:-75}" "${NOBACKFILL[@]}" bench migrate "${SIZE[@]}" \
-    "${MIGRATE[@]}" --transform --reads --device "$DEVICE" --out "$OUT/migrate" --json \
-    > "$OUT/bench-migrate.json" 2> "$OUT/bench-migrate.err"
+part bench-migrate "${MIGRATE_S:-75}" "$OUT/bench-migrate.json" "$OUT/bench-migrate.err" \
+    "${NOBACKFILL[@]}" bench migrate "${SIZE[@]}" "${MIGRATE[@]}" --transform --reads \
+    --device "$DEVICE" --out "$OUT/migrate" --json
 # 4. rerank on read: plain and reranked searches interleaved, cold and warm
-part bench-rerank "${RERANK_S:-60}" "${NOBACKFILL[@]}" bench rerank "${SIZE[@]}" \
-    "${RERANK[@]}" --device "$DEVICE" --out "$OUT/rerank" --json \
-    > "$OUT/bench-rerank.json" 2> "$OUT/bench-rerank.err"
+part bench-rerank "${RERANK_S:-60}" "$OUT/bench-rerank.json" "$OUT/bench-rerank.err" \
+    "${NOBACKFILL[@]}" bench rerank "${SIZE[@]}" "${RERANK[@]}" --device "$DEVICE" \
+    --out "$OUT/rerank" --json
 # 5. the gateway's batched search
-part bench-serve "${SERVE_S:-25}" "${NOBACKFILL[@]}" bench serve --quick --device "$DEVICE" \
-    --out "$OUT/serve" --json > "$OUT/bench-serve.json" 2> "$OUT/bench-serve.err"
+part bench-serve "${SERVE_S:-25}" "$OUT/bench-serve.json" "$OUT/bench-serve.err" \
+    "${NOBACKFILL[@]}" bench serve --quick --device "$DEVICE" --out "$OUT/serve" --json
 
 [ -n "$SAMPLER" ] && kill "$SAMPLER" 2> /dev/null
 "${NOBACKFILL[@]}" bench host-report "$OUT" | tee "$OUT/table.md"
