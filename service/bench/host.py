@@ -78,9 +78,8 @@ def collect(folder: Path) -> dict[str, Any]:
     device = next((r.get("device") for r in (migrate, rerank, serve) if r and r.get("device")),
                   None)
     out["device"] = device
-    gpu_txt = folder / "gpu.txt"
-    out["host"] = gpu_txt.read_text().splitlines()[0] if gpu_txt.is_file() and \
-        gpu_txt.read_text().strip() else None
+    host = (folder / "gpu.txt").read_text().strip() if (folder / "gpu.txt").is_file() else ""
+    out["host"] = host.splitlines()[0] if host else None
     if base:
         out["base"] = {n: {"t2i": base[n]["t2i"]["R@1"], "i2t": base[n]["i2t"]["R@1"],
                            "seconds": base[n].get("seconds")} for n in ("old", "new")
@@ -118,10 +117,9 @@ def _ms(v: Any) -> str:
 
 
 def _ratios(values: list[float]) -> str:
-    if not values:
-        return "-"
-    ordered = sorted(values)
-    return f"{ordered[len(ordered) // 2]:.2f}x ({', '.join(f'{v:.2f}' for v in values)})"
+    from service.bench.rerank import spread
+
+    return spread(values)["text"] if values else "-"
 
 
 def render(r: dict[str, Any]) -> str:

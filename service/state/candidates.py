@@ -129,9 +129,7 @@ class CandidateCounts:
         self.root.mkdir(parents=True, exist_ok=True)
         with FileLock(str(self.path(gallery)) + ".lock"):
             now = time.time()
-            mine = self._written.get(gallery)
-            old = mine[1] if mine is not None and mine[0] == _stamp(self.path(gallery)) \
-                else self.load(gallery)
+            old = self.load(gallery)
             decay = 0.5 ** (max(0.0, now - old.at) / self.half_life_s) if old.at else 1.0
             counts = {i: c * decay for i, c in old.counts.items()}
             for i, c in p.counts.items():
@@ -150,7 +148,11 @@ class CandidateCounts:
 
     def load(self, gallery: str) -> Counted:
         """The saved counts of ``gallery`` (``EMPTY`` when none were saved; a file that
-        does not parse is logged and read as none: counting starts again)."""
+        does not parse is logged and read as none: counting starts again); what this
+        process wrote last is not read again while the file still has its stamp."""
+        mine = self._written.get(gallery)
+        if mine is not None and mine[0] == _stamp(self.path(gallery)):
+            return mine[1]
         return read_counted(self.path(gallery))
 
     def forget(self, gallery: str) -> None:

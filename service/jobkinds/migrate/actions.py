@@ -25,8 +25,7 @@ from service.jobkinds.migrate.lifecycle import paused, require
 from service.jobkinds.migrate.params import MigrateParams
 from service.jobkinds.migrate.planning import (
     backfill_item,
-    keep_counts,
-    planned,
+    candidate_plan,
     ranges,
     replan_paused,
     write_shards,
@@ -311,10 +310,8 @@ async def resume(gateway: GatewayPort, gallery: str) -> Job:
                                   lambda j: j.merged(result={PAUSED: False}))
     left = await asyncio.to_thread(locked_reconcile, gateway, gallery, m, job)
     params = MigrateParams.model_validate(job.params)
-    plan = ranges(left, params.shards)
-    if params.order == "candidates":
-        counted = await asyncio.to_thread(keep_counts, gateway, job, left, "resume")
-        plan = planned(left, params, counted)
+    plan = (await asyncio.to_thread(candidate_plan, gateway, job, left, "resume", params.shards)
+            if params.order == "candidates" else ranges(left, params.shards))
     added = await asyncio.to_thread(write_shards, gateway, job, plan)
     await asyncio.to_thread(records.merge, gateway.jobs, job.id, resumed_items=len(left),
                             planned_shards=len(job.shards) + len(added))

@@ -19,7 +19,7 @@ from service.jobkinds.base import GatewayPort
 from service.jobkinds.migrate import record as records
 from service.jobkinds.migrate.params import MigrateParams
 from service.jobkinds.migrate.transform import LISTING, read_order
-from service.state.candidates import EMPTY, Counted
+from service.state.candidates import Counted
 from service.state.gallery.store import Stored
 from service.state.jobs.shards import read_cursor, read_items, write_items
 from service.state.jobs.store import Job
@@ -48,17 +48,19 @@ def strided(items: list[dict[str, Any]], shards: int) -> list[list[dict[str, Any
     return [items[k::n] for k in range(n)]
 
 
-def planned(items: list[dict[str, Any]], params: MigrateParams,
-            counted: Counted | None = None) -> list[list[dict[str, Any]]]:
+def planned(items: list[dict[str, Any]], params: MigrateParams) -> list[list[dict[str, Any]]]:
     """The backfill shards of a migration without a transform: id order in contiguous
-    ranges, a seeded random order, strided, or the candidate order (``by_candidates``,
-    ``counted``: what the gallery's searches served), strided."""
+    ranges, or a seeded random order, strided (the candidate order: ``candidate_plan``)."""
     if params.order == "random":
         perm = np.random.default_rng(params.seed).permutation(len(items))
         return strided([items[i] for i in perm], params.shards)
-    if params.order == "candidates":
-        return strided(by_candidates(items, counted or EMPTY), params.shards)
     return ranges(items, params.shards)
+
+
+def candidate_plan(gateway: GatewayPort, job: Job, items: list[dict[str, Any]], when: str,
+                   shards: int) -> list[list[dict[str, Any]]]:
+    """The backfill shards in the candidate order (``keep_counts``), strided."""
+    return strided(keep_counts(gateway, job, items, when), shards)
 
 
 def by_candidates(items: list[dict[str, Any]], counted: Counted) -> list[dict[str, Any]]:
@@ -75,22 +77,23 @@ def by_candidates(items: list[dict[str, Any]], counted: Counted) -> list[dict[st
 
 
 def keep_counts(gateway: GatewayPort, job: Job, items: list[dict[str, Any]],
-                when: str) -> Counted:
-    """What the gallery's searches served now (this process's pending counts saved
-    first), kept with the migration (``CANDIDATES`` in its folder: the items of ``items``
-    users retrieved, in the order planned, with their counts, and when); the counts."""
+                when: str) -> list[dict[str, Any]]:
+    """``items`` in the candidate order (``by_candidates`` on the gallery's counts now,
+    this process's pending ones saved first; the rest by id), kept with the migration
+    (``CANDIDATES`` in its folder: the items users retrieved, in that order, with their
+    counts, and when)."""
     gateway.candidates.save()
     counted = gateway.candidates.load(job.gallery)
-    ordered = [i["id"] for i in by_candidates(items, counted)
-               if i["id"] in counted.counts][:len(counted.counts)]
+    ordered = by_candidates(sorted(items, key=lambda i: i["id"]), counted)
+    first = [i["id"] for i in ordered if i["id"] in counted.counts]
     records.write_json(records.folder(gateway.jobs, job.id) / CANDIDATES, {
         "planned": when, "counts_at": counted.at, "searches_kept": len(counted.searches),
-        "items_counted": len(counted.counts), "first": len(ordered),
-        "items": [[i, round(counted.counts[i], 4)] for i in ordered]})
+        "items_counted": len(counted.counts), "first": len(first),
+        "items": [[i, round(counted.counts[i], 4)] for i in first]})
     records.merge(gateway.jobs, job.id, candidates={
-        "planned": when, "first": len(ordered), "left": len(items),
+        "planned": when, "first": len(first), "left": len(items),
         "items_counted": len(counted.counts), "searches": len(counted.searches)})
-    return counted
+    return ordered
 
 
 def replan_paused(gateway: GatewayPort, job: Job) -> int:
@@ -107,8 +110,7 @@ def replan_paused(gateway: GatewayPort, job: Job) -> int:
     lists = {n: read_items(work, n) for n in shards}
     cursors = {n: read_cursor(work, n) for n in shards}
     left = [i for n in shards for i in lists[n][cursors[n]:]]
-    counted = keep_counts(gateway, job, left, "resume")
-    queue = iter(by_candidates(sorted(left, key=lambda i: i["id"]), counted))
+    queue = iter(keep_counts(gateway, job, left, "resume"))
     dealt: dict[int, list[dict[str, Any]]] = {n: [] for n in shards}
     room = {n: len(lists[n]) - cursors[n] for n in shards}
     while any(room.values()):

@@ -102,11 +102,10 @@ async def prepare(gateway: GatewayPort, job: Job, params: MigrateParams) -> list
             planned = await asyncio.to_thread(write_shards, gateway, job,
                                               [planning.sample(items, params)], "transform")
         else:
-            counted = (await asyncio.to_thread(planning.keep_counts, gateway, job, items,
-                                               "start")
-                       if params.order == "candidates" else None)
-            planned = await asyncio.to_thread(write_shards, gateway, job,
-                                              planning.planned(items, params, counted))
+            plan = (await asyncio.to_thread(planning.candidate_plan, gateway, job, items,
+                                            "start", params.shards)
+                    if params.order == "candidates" else planning.planned(items, params))
+            planned = await asyncio.to_thread(write_shards, gateway, job, plan)
         if params.backfill == "paused":
             await asyncio.to_thread(gateway.jobs.update, job.id,
                                     lambda j: j.merged(result={PAUSED: True}))
