@@ -7,10 +7,12 @@ import logging
 import uvicorn
 
 from service.api.app import create_app
+from service.stack.lifeline import tie_to_parent
 from service.state.config import Settings
 
 
 def main() -> None:
+    tie_to_parent()  # started by make serve or a benchmark: dies with it
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     settings = Settings()
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, workers=1,

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import sys
 
+from service.stack.lifeline import tie_to_parent
 from worker.app import app, node_name, settings
 
 
 def main(argv: list[str] | None = None) -> None:
+    tie_to_parent()  # started by make serve or a benchmark: dies with it
     args = ["worker", "--queues", settings.training_queue, "--concurrency", "1",
             "--pool", "prefork", "--prefetch-multiplier", "1", "--max-tasks-per-child", "1",
             "--hostname", node_name(), "--loglevel", "INFO", "--without-gossip",

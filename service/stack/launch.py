@@ -24,6 +24,7 @@ import httpx
 
 from service.__main__ import main as run_gateway
 from service.stack.bootstrap import bootstrap
+from service.stack.lifeline import parent_env
 from service.stack.supervisor import Supervisor
 from service.state.config import Settings
 
@@ -41,10 +42,10 @@ def child_env(env: Env | None) -> dict[str, str]:
 
 
 def start_worker(env: Env | None = None, log_file: Path | None = None) -> subprocess.Popen:
-    """``python -m worker`` as a child in its own session (``stop`` ends it and its pool);
-    ``env`` adds settings, ``log_file`` takes its output (appended: a restarted worker
+    """``python -m worker`` as a child in its own session (``stop`` ends it and its pool;
+    it dies with this process: ``service.stack.lifeline``); ``env`` adds settings, ``log_file`` takes its output (appended: a restarted worker
     keeps its predecessor's lines; default: this process's)."""
-    env = child_env(env)
+    env = {**child_env(env), **parent_env()}
     env.setdefault("NOBACKFILL_WORKER_NAME", "embedded@localhost")
     log.info("starting the embedded worker (python -m worker)")
     out = open(log_file, "a") if log_file else None  # noqa: SIM115 (the child keeps it)
@@ -78,9 +79,11 @@ def gateway_process(env: Env, log: Path,
 @contextlib.contextmanager
 def gateway_child(env: Env, log: Path, ready_timeout_s: float = 600.0,
                   ) -> Iterator[tuple[str, subprocess.Popen]]:
-    """``gateway_process``, yielding the child too (its pid leads its own session)."""
+    """``gateway_process``, yielding the child too (its pid leads its own session; it
+    dies with this process)."""
     port = free_port()
-    env = {**child_env(env), "NOBACKFILL_PORT": str(port), "NOBACKFILL_HOST": "127.0.0.1"}
+    env = {**child_env(env), **parent_env(), "NOBACKFILL_PORT": str(port),
+           "NOBACKFILL_HOST": "127.0.0.1"}
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "service"], env=env, stdout=out,
                                 stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)

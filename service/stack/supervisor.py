@@ -6,7 +6,8 @@ an exponential backoff (``backoff_s``, doubled per consecutive quick exit, cappe
 ``max_backoff_s``; a child that ran ``healthy_after_s`` resets it), so a child that
 crashes on start does not spin. Every exit and every restart is logged with the exit
 code. ``stop`` ends the supervision first, then the child and its process group, so
-nothing is restarted behind the caller's back and nothing is orphaned.
+nothing is restarted behind the caller's back and nothing is orphaned; a supervisor killed
+with its process takes its child along (``service.stack.lifeline``).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class Supervisor:
         self.restarts = 0  # over the supervisor's life
         self._quick_exits = 0  # consecutive exits before healthy_after_s: the backoff
         self._stopping = threading.Event()
+        self._stopped = threading.Event()  # the child is stopped: the watch thread may end
         self._lock = threading.Lock()  # a restart and a stop never interleave
         self._proc: subprocess.Popen | None = None
         self._since = 0.0
@@ -71,6 +73,7 @@ class Supervisor:
         if proc is not None:
             self._stop_child(proc)
             kill_group(proc)
+        self._stopped.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
         log.info("%s supervision stopped", self.name)
@@ -85,6 +88,10 @@ class Supervisor:
             if proc is None or proc.poll() is None:
                 continue
             self._exited(proc)
+        # A child this thread restarted dies when the thread ends (its parent-death signal
+        # follows the thread that started it: ``service.stack.lifeline``): the thread
+        # outlives the child's clean stop.
+        self._stopped.wait()
 
     def _exited(self, proc: subprocess.Popen) -> None:
         kill_group(proc)  # what the dead child left running (a pool process mid-job)
