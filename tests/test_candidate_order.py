@@ -39,7 +39,32 @@ def test_counts_add_up_once_per_search_across_processes_and_restarts(tmp_path: P
     # y's second count is the later one, so it has decayed less: most counted first
     assert got.order() == ["y", "x", "z"]
     assert got.searches == [["x", "y"], ["x"], ["y", "z"]]
+    # each distinct set of candidates served (x twice in a search: the set {x, y})
+    assert got.sets == pytest.approx({("x", "y"): 1.0, ("x",): 1.0, ("y", "z"): 1.0},
+                                     rel=1e-3)
     assert counts(tmp_path).load("other").counts == {}
+
+
+def test_the_sets_served_most_are_kept_and_decay_with_the_counts(tmp_path: Path) -> None:
+    c = counts(tmp_path, half_life_s=1.0, sets_max=2)
+    for ids in (["a", "b"], ["b", "a"], ["c"], ["c"], ["c"], ["d"]):
+        c.record("g", ids)
+    c.save()
+    assert c.load("g").sets == pytest.approx({("c",): 3.0, ("a", "b"): 2.0})  # not {d}
+    time.sleep(1.1)
+    c.record("g", ["d"])
+    c.save()
+    later = c.load("g").sets
+    # halved: c's 3 to under 1.5, {a, b}'s 2 to under 1, below {d} served just now
+    assert later[("c",)] < 1.5 and set(later) == {("c",), ("d",)}
+    # a file written before sets were kept reads as none (the order then uses searches)
+    c.path("h").write_text(json.dumps({"schema_version": 1, "at": 1.0, "counts": {"x": 1.0},
+                                       "searches": [["x"]]}))
+    old = read_counted(c.path("h"))
+    assert old.sets == {} and old.searches == [["x"]] and old.counts == {"x": 1.0}
+    assert counts(tmp_path, sets_max=0).sets_max == 0
+    with pytest.raises(ValueError, match="sets_max"):
+        counts(tmp_path, sets_max=-1)
 
 
 def test_counts_decay_by_their_half_life_and_keep_the_most_counted(tmp_path: Path) -> None:
@@ -83,6 +108,12 @@ def test_the_candidate_order_puts_retrieved_items_first_then_the_default_order()
     got = [i["id"] for i in by_candidates(items, Counted(counts, searches, 0.0))]
     assert got[:4] in (["i03", "i06", "i02", "i01"], ["i02", "i03", "i06", "i01"])
     assert got[4:] == ["i05", "i07", "i00", "i04"]
+    # served sets with their counts take the place of the searches: {i07} served 5 times
+    # (5 / 1) first, then {i04, i05} (3 / 2), then {i00, i03} (1 / 2)
+    sets = {("i07",): 5.0, ("i04", "i05"): 3.0, ("i00", "i03"): 1.0}
+    got = [i["id"] for i in by_candidates(items, Counted(counts, searches, 0.0, sets))]
+    assert got[:5] == ["i07", "i04", "i05", "i00", "i03"]
+    assert got[5:] == ["i01", "i02", "i06"]  # counted by count (i01 2, i02 1), then the rest
 
 
 def test_candidates_with_a_transform_is_refused_with_a_reason() -> None:

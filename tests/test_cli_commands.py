@@ -57,7 +57,8 @@ def test_plugins_are_declared_as_entry_points() -> None:
                        "transform": "service.bench.transform:register",
                        "rerank": "service.bench.rerank:register",
                        "store": "service.bench.store:register",
-                       "host-report": "service.bench.host:register"}
+                       "host-report": "service.bench.host:register",
+                       "tutorial": "service.bench.tutorial:register"}
 
 
 def test_a_broken_plugin_is_reported_and_left_out(monkeypatch: pytest.MonkeyPatch,

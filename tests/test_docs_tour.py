@@ -38,9 +38,8 @@ import re
 import shlex
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,95 +47,16 @@ import httpx
 import pytest
 from test_web_browser import stop_stack, tail
 
+from service.bench.tutorial import KEY, wait_ready
+from service.stack.tutorial import NOT_RUN, Shell, commands, tour
+
 REPO = Path(__file__).resolve().parents[1]
 TUTORIAL = REPO / "docs" / "tutorial.md"
 README = REPO / "README.md"
-NOT_RUN = "<!-- not run by tests/test_docs_tour.py"
-KEY = "change-me"  # the admin key the tutorial starts the stack with
 WORLD = 40
 BLOCK_TIMEOUT_S = 240
 READY_S = 240
-# Placeholders the reader copies from an earlier output, found there by the test.
-CAPTURES = {"PLAN_ID": r"^plan\s+(job-[0-9a-f]+)",
-            "JOB_ID": r"started \S+ job (job-[0-9a-f]+)"}
-FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```\s*$", re.MULTILINE | re.DOTALL)
 ID = re.compile(r"job-[0-9a-f]+")
-
-
-@dataclass
-class Block:
-    lang: str
-    code: str
-    run: bool  # False: marked as not run
-    output: Block | None = None  # the json/text block that shows what it prints
-
-
-@dataclass
-class Shell:
-    """Runs the tutorial's blocks one after the other, carrying the variables the reader
-    set in earlier blocks, and remembering every output for the placeholders."""
-
-    cwd: Path
-    env: dict[str, str]
-    size: dict[str, str]
-    setup: list[str] = field(default_factory=list)
-    captured: dict[str, str] = field(default_factory=dict)
-
-    def command(self, code: str) -> str:
-        for doc, here in self.size.items():
-            code = code.replace(doc, here)
-        for name in CAPTURES:
-            if name in code:
-                assert name in self.captured, f"{name} is used before any output gave it"
-                code = code.replace(name, self.captured[name])
-        return code
-
-    def run(self, code: str) -> str:
-        script = "\n".join(["set -e", *self.setup, self.command(code)])
-        done = subprocess.run(["bash", "-c", script], cwd=self.cwd, env=self.env, check=False,
-                              capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S)
-        assert done.returncode == 0, (f"exit {done.returncode}:\n{code}\n--- stdout\n"
-                                      f"{done.stdout[-3000:]}\n--- stderr\n{done.stderr[-3000:]}")
-        if all(assignment(line) for line in code.strip().splitlines()):
-            self.setup.append(code)  # variables only: every later block starts with them
-        for name, pattern in CAPTURES.items():
-            found = re.findall(pattern, done.stdout, re.MULTILINE)
-            if found:
-                self.captured[name] = found[-1]
-        return done.stdout
-
-
-# ---------------------------------------------------------------- reading the docs
-def blocks(markdown: str) -> list[Block]:
-    """The fenced blocks in order; an output block is attached to the command before it."""
-    found: list[Block] = []
-    last_end = 0
-    for match in FENCE.finditer(markdown):
-        between = markdown[last_end:match.start()]
-        lang, code = match.group(1), match.group(2)
-        if lang in ("json", "text") and found and not between.strip() and found[-1].lang == "bash":
-            found[-1].output = Block(lang, code, False)
-        else:
-            found.append(Block(lang, code, NOT_RUN not in between))
-        last_end = match.end()
-    return found
-
-
-def assignment(line: str) -> bool:
-    line = line.split("#", 1)[0].strip()
-    return not line or re.fullmatch(r"""(export\s+)?\w+=('[^']*'|"[^"]*"|\S+)""",
-                                    line) is not None
-
-
-def commands(code: str) -> list[str]:
-    """A block's commands, continuation lines joined, comments and spaces normalised."""
-    joined = re.sub(r"\\\n\s*", " ", code)
-    lines = [re.sub(r"\s+#.*$", "", line).strip() for line in joined.splitlines()]
-    return [re.sub(r"\s+", " ", line) for line in lines if line and not line.startswith("#")]
-
-
-def tour(path: Path) -> list[Block]:
-    return [b for b in blocks(path.read_text()) if b.lang == "bash"]
 
 
 # ---------------------------------------------------------------- checking outputs
@@ -193,22 +113,6 @@ def stack_env(work: Path, v1: Path, port: int) -> dict[str, str]:
     return env
 
 
-def wait_ready(url: str, proc: subprocess.Popen, log: Path) -> None:
-    """Until the gateway answers and has seen the embedded worker."""
-    deadline = time.monotonic() + READY_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"the stack exited with {proc.returncode}:\n{tail(log)}")
-        try:
-            r = httpx.get(f"{url}/readyz", headers={"X-API-Key": KEY}, timeout=5)
-            if r.status_code == 200 and r.json().get("workers"):
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    pytest.fail(f"the stack was not ready with a worker after {READY_S}s:\n{tail(log)}")
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory,
           micro_versions: dict[str, Path]) -> Iterator[Stack]:
@@ -224,7 +128,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     try:
         url = f"http://127.0.0.1:{port}"
-        wait_ready(url, proc, log)
+        try:
+            wait_ready(url, proc, READY_S, log)
+        except RuntimeError as exc:
+            pytest.fail(f"{exc}:\n{tail(log)}")
         yield Stack(url, work, log)
     finally:
         stop_stack(proc, log)
@@ -238,7 +145,7 @@ def reader_shell(stack: Stack, micro_config_file: Path, v1: Path) -> Shell:
             f"--batch-size 20 --steps 2",
             "--n 8000": f"--n {WORLD}",
             "localhost:8000": stack.url.removeprefix("http://")}
-    return Shell(stack.work, env, size)
+    return Shell(stack.work, env, size, BLOCK_TIMEOUT_S)
 
 
 # ---------------------------------------------------------------- tests

@@ -154,3 +154,41 @@ def test_every_k_at_once_agrees_with_each_k_alone() -> None:
         assert np.array_equal(got[f"recall@{k}"], recall_at(cands[:, :k], relevant))
     assert np.array_equal(got["fused@10"], reranked_hits(cands[:, :10], new_q, new, relevant,
                                                          routed, old))
+
+
+def test_the_exact_warm_share_is_the_workloads_share_of_searches_held_whole() -> None:
+    stream = np.array([[0, 1], [2, 3], [0, 1]])
+    queries, shares = np.array([[0, 1], [2, 3]]), np.array([0.75, 0.25])
+    out = fill_curve(stream, 8, window=1, points=(0.25, 0.5, 0.75), exact=(queries, shares))
+    # after search 0 (0, 1 held: the 0.75 query warm), after search 1 (all of both)
+    assert out["exact"]["curve"] == [{"filled": 0.25, "warm": 0.75},
+                                     {"filled": 0.5, "warm": 1.0},
+                                     {"filled": 0.75, "warm": None}]
+    assert out["exact"]["warm_80_at_filled"] == 0.5
+    assert "exact" not in fill_curve(stream, 8, window=1)
+    # a backfill that takes the popular query's items first warms 0.75 of the searches
+    # before any read
+    order = np.array([0, 1, 2, 3])
+    fast = fill_curve(stream, 8, window=1, points=(0.25,), backfill=order, per_search=2.0,
+                      exact=(queries, shares))
+    assert fast["exact"]["curve"][0]["warm"] == 0.75 and fast["warm_overall"] == 1.0
+
+
+def test_the_zipf_curves_learn_before_the_migration_and_measure_during_it() -> None:
+    from training.bench.frontier import ZIPF_LEARN, ZIPF_PER_SEARCH, ZIPF_SEARCHES, zipf_curves
+
+    items, n, k = 100, 400, 4
+    owners = {"t2i": np.repeat(np.arange(items), 2), "i2t": np.arange(items)}
+    rng = np.random.default_rng(0)
+    cands = {d: (o[:, None] * 3 + rng.integers(0, 6, (len(o), k))) % n
+             for d, o in owners.items()}
+    z = zipf_curves(cands, owners, items, n, 1.1, seed=0)
+    assert z["learned_from"] == ZIPF_LEARN and z["searches"] == ZIPF_SEARCHES
+    assert [c["per_search"] for c in z["candidates"]] == list(ZIPF_PER_SEARCH)
+    alone = z["exact"]["warm_80_at_filled"]
+    fastest = z["candidates"][0]["exact"]["warm_80_at_filled"]
+    # the order the counted searches teach warms 80% of searches with less of the gallery
+    # filled than the reads alone, at every rate
+    at = [c["exact"]["warm_80_at_filled"] for c in z["candidates"]]
+    assert alone is not None and fastest is not None and max(at) < alone, (at, alone)
+    assert z["best_fill"]["warm_80_at_filled"] <= alone

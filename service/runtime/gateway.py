@@ -72,7 +72,8 @@ def candidate_counts(settings: Settings) -> CandidateCounts:
     from service.state.candidates import FOLDER
 
     return CandidateCounts(settings.registry_dir / FOLDER, settings.candidate_half_life_s,
-                           settings.candidate_items_max, settings.candidate_searches_kept)
+                           settings.candidate_items_max, settings.candidate_searches_kept,
+                           sets_max=settings.candidate_sets_max)
 
 
 def _device_loader(device: str | None) -> EncoderLoader:

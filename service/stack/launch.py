@@ -24,7 +24,7 @@ import httpx
 
 from service.__main__ import main as run_gateway
 from service.stack.bootstrap import bootstrap
-from service.stack.lifeline import parent_env
+from service.stack.lifeline import parent_env, tie_to_parent
 from service.stack.supervisor import Supervisor
 from service.state.config import Settings
 
@@ -123,6 +123,7 @@ def _exit_on_signal(signum: int, frame: object) -> None:
 
 
 def main() -> None:
+    tie_to_parent()  # started by a benchmark or a test: dies with it
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     settings = Settings()
     if not settings.admin_api_keys:

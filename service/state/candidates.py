@@ -1,21 +1,24 @@
 """What users retrieve: per gallery, a bounded, decayed count of how often each item was
 among a search's served candidates (the route's top-k of real searches, reranked or not),
-and the candidate lists of the last searches. No query text is kept: item ids only.
+of how often each distinct set of candidates was served (a query that comes back serves
+the same set), and the candidate lists of the last searches. No query text is kept: item
+ids only.
 
-A migration's backfill order ``candidates`` re-embeds the most counted items first
-(``service.jobkinds.migrate.planning``); a plan measures, on the recent searches, how
-warm that order keeps a rerank on read against the read-through fill alone
-(``training.upgrades.rerank.candidate_warm_curves``).
+A migration's backfill order ``candidates`` re-embeds first the candidates of the sets
+served most (``service.jobkinds.migrate.planning``); a plan measures, on the recent
+searches, how warm that order keeps a rerank on read against the read-through fill alone
+(``training.upgrades.rerank.workload_curves``).
 
 One file per gallery, ``REGISTRY_ROOT/candidates/<gallery>.json``: a search adds to this
 process's pending counts (memory only, no I/O on the request path); ``save`` merges them
 into the file under a file lock (several gateway processes add up), decaying what the
 file held by the time since it was written (half-life ``candidate_half_life_s``), keeps
-the ``candidate_items_max`` most counted items and the last ``candidate_searches_kept``
-searches, and replaces the file atomically (a file this process wrote last is not read
-again). The gateway saves once a minute at most, off the event loop, and at close, so a
-restart loses at most that minute of counting; at the bounds (200,000 items, 5,000
-searches of 20) a save takes about a third of a second of a worker thread.
+the ``candidate_items_max`` most counted items, the ``candidate_sets_max`` most served
+sets and the last ``candidate_searches_kept`` searches, and replaces the file atomically
+(a file this process wrote last is not read again). The gateway saves once a minute at
+most, off the event loop, and at close, so a restart loses at most that minute of
+counting; at the bounds (200,000 items, 20,000 sets and 5,000 searches of 20) a save takes
+about half a second of a worker thread.
 """
 
 from __future__ import annotations
@@ -37,25 +40,28 @@ from filelock import FileLock
 log = logging.getLogger(__name__)
 
 FOLDER = "candidates"
-SCHEMA = 1
+SCHEMA = 2  # 2: with the sets
+Key = tuple[str, ...]  # a set of candidates: its ids, sorted
 
 
 @dataclass(frozen=True)
 class Counted:
-    """One gallery's counts as saved: item id -> decayed count (as of ``at``), and the
-    last searches' candidate lists, oldest first."""
+    """One gallery's counts as saved: item id -> decayed count (as of ``at``), each
+    distinct set of served candidates -> its decayed count, and the last searches'
+    candidate lists, oldest first."""
 
     counts: dict[str, float]
     searches: list[list[str]]
     at: float  # wall-clock time the counts are decayed to
+    sets: dict[Key, float] = field(default_factory=dict)
 
     def order(self) -> list[str]:
         """The counted items, most counted first (ties by id)."""
         return sorted(self.counts, key=lambda i: (-self.counts[i], i))
 
     def describe(self) -> dict[str, Any]:
-        return {"items_counted": len(self.counts), "searches_kept": len(self.searches),
-                "at": self.at}
+        return {"items_counted": len(self.counts), "sets_counted": len(self.sets),
+                "searches_kept": len(self.searches), "at": self.at}
 
 
 EMPTY = Counted({}, [], 0.0)
@@ -64,6 +70,7 @@ EMPTY = Counted({}, [], 0.0)
 @dataclass
 class _Pending:
     counts: dict[str, float] = field(default_factory=dict)
+    sets: dict[Key, float] = field(default_factory=dict)
     searches: list[list[str]] = field(default_factory=list)
 
 
@@ -72,11 +79,13 @@ class CandidateCounts:
     (``save``, ``load``) under ``root`` (``REGISTRY_ROOT/candidates``)."""
 
     def __init__(self, root: Path, half_life_s: float, items_max: int, searches_kept: int,
-                 save_every_s: float = 60.0) -> None:
-        if half_life_s <= 0 or items_max < 1 or searches_kept < 0:
-            raise ValueError("half_life_s > 0, items_max >= 1 and searches_kept >= 0")
+                 save_every_s: float = 60.0, sets_max: int = 20_000) -> None:
+        if half_life_s <= 0 or items_max < 1 or searches_kept < 0 or sets_max < 0:
+            raise ValueError("half_life_s > 0, items_max >= 1, searches_kept >= 0 and "
+                             "sets_max >= 0")
         self.root, self.half_life_s = Path(root), float(half_life_s)
         self.items_max, self.searches_kept = int(items_max), int(searches_kept)
+        self.sets_max = int(sets_max)
         self.save_every_s = save_every_s
         self._pending: dict[str, _Pending] = {}
         self._lock = threading.Lock()
@@ -96,6 +105,9 @@ class CandidateCounts:
             p = self._pending.setdefault(gallery, _Pending())
             for i in unique:
                 p.counts[i] = p.counts.get(i, 0.0) + 1.0
+            if self.sets_max:
+                key = tuple(sorted(unique))
+                p.sets[key] = p.sets.get(key, 0.0) + 1.0
             if self.searches_kept:
                 p.searches.append(unique)
                 del p.searches[:-self.searches_kept]
@@ -131,20 +143,17 @@ class CandidateCounts:
             now = time.time()
             old = self.load(gallery)
             decay = 0.5 ** (max(0.0, now - old.at) / self.half_life_s) if old.at else 1.0
-            counts = {i: c * decay for i, c in old.counts.items()}
-            for i, c in p.counts.items():
-                counts[i] = counts.get(i, 0.0) + c
-            if len(counts) > self.items_max:
-                keep = sorted(counts, key=lambda i: (-counts[i], i))[:self.items_max]
-                counts = {i: counts[i] for i in keep}
+            counts = _merged(old.counts, p.counts, decay, self.items_max)
+            sets = _merged(old.sets, p.sets, decay, self.sets_max)
             searches = list(deque(old.searches + p.searches, maxlen=self.searches_kept))
             body = {"schema_version": SCHEMA, "gallery": gallery, "at": now,
-                    "half_life_s": self.half_life_s, "counts": counts, "searches": searches}
+                    "half_life_s": self.half_life_s, "counts": counts,
+                    "sets": [[list(k), c] for k, c in sets.items()], "searches": searches}
             tmp = self.path(gallery).with_name(f".{gallery}.{uuid.uuid4().hex[:8]}.tmp")
             tmp.write_text(json.dumps(body))
             os.replace(tmp, self.path(gallery))
             self._written[gallery] = (_stamp(self.path(gallery)),
-                                      Counted(counts, searches, now))
+                                      Counted(counts, searches, now, sets))
 
     def load(self, gallery: str) -> Counted:
         """The saved counts of ``gallery`` (``EMPTY`` when none were saved; a file that
@@ -163,6 +172,18 @@ class CandidateCounts:
         self.path(gallery).unlink(missing_ok=True)
 
 
+def _merged(old: dict[Any, float], new: dict[Any, float], decay: float,
+            most: int) -> dict[Any, float]:
+    """``old`` decayed plus ``new``, cut to the ``most`` largest (ties by key)."""
+    out = {k: c * decay for k, c in old.items()}
+    for k, c in new.items():
+        out[k] = out.get(k, 0.0) + c
+    if len(out) > most:
+        keep = sorted(out, key=lambda k: (-out[k], k))[:most]
+        out = {k: out[k] for k in keep}
+    return out
+
+
 def _stamp(path: Path) -> tuple[int, int]:
     try:
         st = path.stat()
@@ -177,7 +198,9 @@ def read_counted(path: Path) -> Counted:
     try:
         body = json.loads(Path(path).read_text())
         return Counted({str(k): float(v) for k, v in body["counts"].items()},
-                       [[str(i) for i in s] for s in body["searches"]], float(body["at"]))
+                       [[str(i) for i in s] for s in body["searches"]], float(body["at"]),
+                       {tuple(str(i) for i in k): float(c)
+                        for k, c in body.get("sets", [])})  # schema 1: none kept
     except FileNotFoundError:
         return EMPTY
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:

@@ -83,6 +83,11 @@ class Settings(BaseSettings):
     candidate_items_max: int = Field(200_000, ge=1, le=10_000_000, description="items whose "
                                      "served-candidate count a gallery keeps (the most "
                                      "counted)")
+    candidate_sets_max: int = Field(
+        20_000, ge=0, le=1_000_000, description="distinct sets of served candidates whose "
+        "count a gallery keeps (the most served; a query that comes back serves the same "
+        "set): the backfill order candidates re-embeds the sets served most first; 0 keeps "
+        "none (the order then learns from the last searches only)")
     candidate_searches_kept: int = Field(
         5_000, ge=0, le=1_000_000, description="last searches whose candidate ids (no query) "
         "a gallery keeps, for the plan's warm curves; 0: none")

@@ -196,21 +196,23 @@ def _grouped(owners: np.ndarray, items: int) -> list[np.ndarray]:
     return [order[bounds[i]:bounds[i + 1]] for i in range(items)]
 
 
-def searched_first(searches: Sequence[Sequence[Any]]) -> list[Any]:
-    """The items of recorded searches (each one's served candidates) in the order that
-    makes the most of them fully warm soonest: a search that was seen ``c`` times and
-    still lacks ``m`` of its candidates is worth ``c / m``; the candidates of the worthiest
-    are taken, the others' worth updated, until every searched item is taken (greedy,
-    as ``best_fill_curve`` with the searches' own counts for the workload's shares).
-    A search seen often, or nearly held already, comes first: an item only a rare search
-    needs comes last."""
+def searched_first(searches: Sequence[Sequence[Any]],
+                   weights: Sequence[float] | None = None) -> list[Any]:
+    """The items of recorded searches (each one's served candidates; ``weights``: how
+    often each was seen, 1 each by default; the same set of candidates seen again adds up)
+    in the order that makes the most of them fully warm soonest: a search that was seen
+    ``c`` times and still lacks ``m`` of its candidates is worth ``c / m``; the candidates
+    of the worthiest are taken, the others' worth updated, until every searched item is
+    taken (greedy, as ``best_fill_curve`` with the searches' own counts for the workload's
+    shares). A search seen often, or nearly held already, comes first: an item only a rare
+    search needs comes last."""
     import heapq
 
-    sets: dict[tuple[Any, ...], int] = {}
-    for s in searches:
+    sets: dict[tuple[Any, ...], float] = {}
+    for n, s in enumerate(searches):
         key = tuple(sorted(set(s)))
         if key:
-            sets[key] = sets.get(key, 0) + 1
+            sets[key] = sets.get(key, 0.0) + (1.0 if weights is None else float(weights[n]))
     queries = list(sets)
     count = [sets[q] for q in queries]
     missing = [len(q) for q in queries]
@@ -239,19 +241,29 @@ def searched_first(searches: Sequence[Sequence[Any]]) -> list[Any]:
 
 def candidate_order(rows: np.ndarray, n: int) -> np.ndarray:
     """The backfill order ``candidates`` over items ``0..n-1`` (a gallery's items in their
-    default order) learned from searches (``rows``: [S, k] served candidates):
-    ``searched_first``, then every other item in the default order
-    (``planning.by_candidates`` does this on a gallery)."""
-    first = searched_first([list(np.unique(r)) for r in np.asarray(rows)])
+    default order) learned from searches (``rows``: [S, k] served candidates) as the
+    gateway keeps them (``service.state.candidates``: each distinct set of candidates with
+    how often it was served, and each item's count) and ``planning.by_candidates`` orders
+    them: ``searched_first`` over the sets, then any other counted item by its count,
+    then every other item in the default order."""
+    rows = np.asarray(rows)
+    sets: dict[tuple[int, ...], int] = {}
+    for r in rows:
+        key = tuple(np.unique(r).tolist())
+        sets[key] = sets.get(key, 0) + 1
+    first = np.asarray(searched_first(list(sets), list(sets.values())), np.int64)
+    counts = np.bincount(rows.ravel(), minlength=n) if rows.size else np.zeros(n, np.int64)
     seen = np.zeros(n, bool)
     seen[first] = True
-    return np.concatenate([np.asarray(first, np.int64), np.flatnonzero(~seen)])
+    rest = np.flatnonzero(~seen)
+    return np.concatenate([first, rest[np.argsort(-counts[rest], kind="stable")]])
 
 
 def fill_curve(stream: np.ndarray, n: int, window: int = 1000,
                points: Sequence[float] = (0.01, 0.02, 0.05, 0.10, 0.15, 0.20, 0.25, 0.30,
                                           0.40, 0.50),
-               backfill: np.ndarray | None = None, per_search: float = 0.0) -> dict[str, Any]:
+               backfill: np.ndarray | None = None, per_search: float = 0.0,
+               exact: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, Any]:
     """Searches in order (``stream``: [S, k] candidate rows), each embedding the candidates
     the new side does not hold yet: per search whether it was fully warm (embedded
     nothing) and the share of the ``n`` items filled after it. Returns the warm share
@@ -259,8 +271,13 @@ def fill_curve(stream: np.ndarray, n: int, window: int = 1000,
     the filled share at which that rolling warm share first reaches 80%, and totals.
     With ``backfill`` (items in a backfill's order) the backfill goes on beside the reads:
     before each search it re-embeds ``per_search`` more items of that order (fractions
-    carry over), skipping what the reads filled."""
+    carry over), skipping what the reads filled. With ``exact`` ([Q, k] every query's
+    candidates, [Q] each query's share of the searches: ``zipf_query_shares``) also the
+    workload's share of searches that would be fully warm at each point, exactly (no
+    window: as ``best_fill_curve`` measures; checked at every 0.1% filled), and the
+    filled share at which it first reaches 80%."""
     held = np.zeros(n, bool)
+    probe = _ExactWarm(held, *exact, points) if exact is not None else None
     warm = np.zeros(len(stream), bool)
     filled = np.zeros(len(stream))
     count, due, step = 0, 0.0, 0
@@ -281,6 +298,8 @@ def fill_curve(stream: np.ndarray, n: int, window: int = 1000,
             held[new] = True
             count += len(new)
         filled[i] = count / n
+        if probe is not None:
+            probe.check(count / n)
     csum = np.concatenate([[0], np.cumsum(warm)])
     idx = np.arange(1, len(stream) + 1)
     rolling = (csum[idx] - csum[np.maximum(0, idx - window)]) / np.minimum(idx, window)
@@ -298,7 +317,37 @@ def fill_curve(stream: np.ndarray, n: int, window: int = 1000,
             "warm_80_at_search": int(hit[0]) if len(hit) else None,
             "final_filled": round(float(filled[-1]), 4),
             "final_warm": round(float(rolling[-1]), 4),
-            "warm_overall": round(float(warm.mean()), 4)}
+            "warm_overall": round(float(warm.mean()), 4),
+            **({"exact": probe.result()} if probe is not None else {})}
+
+
+class _ExactWarm:
+    """``fill_curve``'s exact measure: the share of the workload's searches whose
+    candidates are all held, computed when the filled share has grown by ``STEP`` since
+    the last check or passed one of ``points``."""
+
+    STEP = 0.001
+
+    def __init__(self, held: np.ndarray, rows: np.ndarray, share: np.ndarray,
+                 points: Sequence[float]) -> None:
+        self.held, self.rows, self.share = held, np.asarray(rows), np.asarray(share)
+        self.points, self.marks, self.curve = list(points), sorted(points), {}
+        self.last, self.at_80 = -1.0, None
+
+    def check(self, filled: float) -> None:
+        crossed = bool(self.marks) and filled >= self.marks[0]
+        if filled - self.last < self.STEP and not crossed:
+            return
+        self.last = filled
+        warm = float(self.share[self.held[self.rows].all(axis=1)].sum())
+        while self.marks and filled >= self.marks[0]:
+            self.curve[self.marks.pop(0)] = round(warm, 4)
+        if self.at_80 is None and warm >= 0.8:
+            self.at_80 = round(filled, 4)
+
+    def result(self) -> dict[str, Any]:
+        return {"curve": [{"filled": p, "warm": self.curve.get(p)} for p in self.points],
+                "warm_80_at_filled": self.at_80}
 
 
 PACES = (1.0, 4.0)  # a backfill that alone re-embeds the gallery over 1 or 4 times the searches

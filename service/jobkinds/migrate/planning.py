@@ -64,13 +64,16 @@ def candidate_plan(gateway: GatewayPort, job: Job, items: list[dict[str, Any]], 
 
 
 def by_candidates(items: list[dict[str, Any]], counted: Counted) -> list[dict[str, Any]]:
-    """The candidate order: the items of the recorded searches in the order that makes the
-    most of those searches fully warm soonest (``searched_first``: a search seen often,
-    or nearly held, first), then the other items users retrieved by their decayed count,
-    then the rest in the order given (id order: the default)."""
+    """The candidate order: the items of the served sets of candidates in the order that
+    makes the most searches fully warm soonest (``searched_first`` with each set's decayed
+    count: a set served often, or nearly held, first; a file that kept no sets: the last
+    searches' lists), then the other items users retrieved by their decayed count, then
+    the rest in the order given (id order: the default)."""
     from training.upgrades.rerank import searched_first
 
-    rank = {i: n for n, i in enumerate(searched_first(counted.searches))}
+    first = (searched_first(list(counted.sets), list(counted.sets.values())) if counted.sets
+             else searched_first(counted.searches))
+    rank = {i: n for n, i in enumerate(first)}
     last = len(rank)
     return sorted(items, key=lambda item: (rank.get(item["id"], last),
                                            -counted.counts.get(item["id"], 0.0)))
@@ -88,11 +91,13 @@ def keep_counts(gateway: GatewayPort, job: Job, items: list[dict[str, Any]],
     first = [i["id"] for i in ordered if i["id"] in counted.counts]
     records.write_json(records.folder(gateway.jobs, job.id) / CANDIDATES, {
         "planned": when, "counts_at": counted.at, "searches_kept": len(counted.searches),
-        "items_counted": len(counted.counts), "first": len(first),
+        "items_counted": len(counted.counts), "sets_counted": len(counted.sets),
+        "first": len(first),
         "items": [[i, round(counted.counts[i], 4)] for i in first]})
     records.merge(gateway.jobs, job.id, candidates={
         "planned": when, "first": len(first), "left": len(items),
-        "items_counted": len(counted.counts), "searches": len(counted.searches)})
+        "items_counted": len(counted.counts), "sets": len(counted.sets),
+        "searches": len(counted.searches)})
     return ordered
 
 
