@@ -62,7 +62,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(f"{out} exists; remove it or choose another --out")
     work = out / "work"
     work.mkdir(parents=True)
+    # the reader's checkout as the tutorial sees it: its .venv and training/configs, and
+    # ./data the stack's data directory (a fresh one)
     (work / ".venv").symlink_to(Path(sys.executable).parent.parent)
+    (work / "training").symlink_to(PAGE.parents[1] / "training")
     port = free_port()
     clean = {k: v for k, v in os.environ.items() if not k.startswith("NOBACKFILL_")}
     env = {**clean, **parent_env(), "NOBACKFILL_DATA_DIR": str(work / "data"),
