@@ -55,7 +55,7 @@ def headings(page: str, codes: list[str]) -> list[str]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from service.stack.launch import free_port, stop
     from service.stack.lifeline import parent_env
-    from service.stack.tutorial import Shell, commands, tour
+    from service.stack.tutorial import Shell, StepFailed, commands, tour
 
     out, page = Path(args.out).resolve(), Path(args.page)
     if out.exists():
@@ -81,6 +81,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                 env=env, stdout=f, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     steps: list[dict[str, Any]] = []
+    ready_s, failed = None, None
     try:
         wait_ready(url, proc, args.ready_timeout, log)
         ready_s = time.perf_counter() - start
@@ -94,19 +95,33 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             first = commands(block.code)[-1]
             phase(f"{head}: {first[:100]}")
             t0 = time.perf_counter()
-            printed = shell.run(block.code)
+            try:
+                printed = shell.run(block.code)
+            except StepFailed as exc:
+                failed = {"section": head, "command": first, "error": str(exc)}
+                raise
             steps.append({"section": head, "command": first,
                           "seconds": round(time.perf_counter() - t0, 1), "output": printed})
     finally:
         stop(proc, 60)
-    result = {"page": str(page), "ready_seconds": round(ready_s, 1), "steps": steps,
-              "total_seconds": round(time.perf_counter() - start, 1)}
-    (out / "steps.json").write_text(json.dumps(result, indent=1))
-    (out / "outputs.md").write_text("\n\n".join(
-        f"## {s['section']} ({s['seconds']} s)\n\n```bash\n{s['command']}\n```\n\n```text\n"
-        f"{s['output'].rstrip()}\n```" for s in steps) + "\n")
-    return {k: v if k != "steps" else [{x: s[x] for x in ("section", "command", "seconds")}
-                                       for s in v] for k, v in result.items()}
+        keep(out, page, ready_s, steps, failed, time.perf_counter() - start)
+    return {"page": str(page), "ready_seconds": round(ready_s or 0.0, 1),
+            "steps": [{x: s[x] for x in ("section", "command", "seconds")} for s in steps],
+            "total_seconds": round(time.perf_counter() - start, 1)}
+
+
+def keep(out: Path, page: Path, ready_s: float | None, steps: list[dict[str, Any]],
+         failed: dict[str, Any] | None, total_s: float) -> None:
+    """Every step's output in ``out`` (``steps.json``, ``outputs.md``), also when a step
+    failed (its error last)."""
+    (out / "steps.json").write_text(json.dumps(
+        {"page": str(page), "ready_seconds": ready_s, "steps": steps, "failed": failed,
+         "total_seconds": round(total_s, 1)}, indent=1))
+    parts = [f"## {s['section']} ({s['seconds']} s)\n\n```bash\n{s['command']}\n```\n\n"
+             f"```text\n{s['output'].rstrip()}\n```" for s in steps]
+    if failed:
+        parts.append(f"## {failed['section']}: failed\n\n```text\n{failed['error']}\n```")
+    (out / "outputs.md").write_text("\n\n".join(parts) + "\n")
 
 
 def phase(message: str) -> None:

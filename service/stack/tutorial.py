@@ -19,7 +19,8 @@ from pathlib import Path
 NOT_RUN = "<!-- not run by tests/test_docs_tour.py"
 # Placeholders the reader copies from an earlier output, found there by the runner.
 CAPTURES = {"PLAN_ID": r"^plan\s+(job-[0-9a-f]+)",
-            "JOB_ID": r"started \S+ job (job-[0-9a-f]+)"}
+            "JOB_ID": r"started \S+ job (job-[0-9a-f]+)",
+            "VERSION": r"^version\s+(v-[0-9]+-[0-9a-f]+)"}
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```\s*$", re.MULTILINE | re.DOTALL)
 
 
