@@ -98,7 +98,8 @@ class MigrationOut(BaseModel):
         "says the side beats the route), switched_at_fraction and switched_at (once "
         "switched), switched_back_at_fraction; with order candidates: candidates {planned "
         "(start or resume), first (items users retrieved, re-embedded first), left (items "
-        "planned then), items_counted}; "
+        "planned then), items_counted, sets (distinct sets of candidates counted), "
+        "searches (kept)}; "
         "with a transform: transform (method, sample, metrics), curve [{fraction, t2i, i2t: "
         "{side, share: {share, se}}}], routed, share_estimate (the curve at the current "
         "fraction)"))

@@ -47,10 +47,10 @@ class MigrateParams(Params):
     order: Literal["id", "random", "learned", "candidates"] = Field(
         "id", description="backfill order: id; random; learned (most wrong transformed "
                           "vectors first, as predicted from what is stored; needs transform); "
-                          "candidates (what users retrieve first: the recorded searches' "
-                          "candidates, the most searched first, then the other served "
-                          "candidates by count, then by id; dealt again as they stand when a "
-                          "paused backfill resumes; without transform)")
+                          "candidates (what users retrieve first: the sets of candidates "
+                          "searches were served, the most served first, then the other "
+                          "served candidates by count, then by id; dealt again as they stand "
+                          "when a paused backfill resumes; without transform)")
     switch: Literal["end", "progressive"] = Field(
         "end", description="end: switch when every item has its new vector and the gate "
                            "passed; progressive (needs transform): as soon as the side as it "
