@@ -7,8 +7,8 @@ import logging
 import uvicorn
 
 from service.api.app import create_app
-from service.stack.lifeline import tie_to_parent
 from service.state.config import Settings
+from service.state.lifeline import tie_to_parent
 
 
 def main() -> None:

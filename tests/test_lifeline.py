@@ -1,4 +1,4 @@
-"""Children die with the process that started them (``service.stack.lifeline``): the real
+"""Children die with the process that started them (``service.state.lifeline``): the real
 ``python -m worker`` under ``make serve``'s supervisor (restarted once, so that the child
 killed is one a supervisor thread started) and the real ``python -m service`` gateway, their
 parent killed with SIGKILL: nothing of theirs is left, the worker's pool included."""
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from service.stack.lifeline import GONE_EXIT, PARENT_ENV
 from service.state.config import Settings
 from service.state.jobs.workers import live_workers
+from service.state.lifeline import GONE_EXIT, PARENT_ENV
 from tests.test_supervisor import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -88,7 +88,7 @@ def test_worker_and_gateway_die_with_a_killed_parent(tmp_path: Path) -> None:
 
 
 CHILD = ("import os\n"
-         "from service.stack.lifeline import PARENT_ENV, tie_to_parent\n"
+         "from service.state.lifeline import PARENT_ENV, tie_to_parent\n"
          "print(tie_to_parent(), PARENT_ENV in os.environ)\n")
 
 

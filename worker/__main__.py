@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from service.stack.lifeline import tie_to_parent
+from service.state.lifeline import tie_to_parent
 from worker.app import app, node_name, settings
 
 

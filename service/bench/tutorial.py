@@ -54,8 +54,8 @@ def headings(page: str, codes: list[str]) -> list[str]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from service.stack.launch import free_port, stop
-    from service.stack.lifeline import parent_env
     from service.stack.tutorial import Shell, StepFailed, commands, tour
+    from service.state.lifeline import parent_env
 
     out, page = Path(args.out).resolve(), Path(args.page)
     if out.exists():

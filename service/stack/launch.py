@@ -24,9 +24,9 @@ import httpx
 
 from service.__main__ import main as run_gateway
 from service.stack.bootstrap import bootstrap
-from service.stack.lifeline import parent_env, tie_to_parent
 from service.stack.supervisor import Supervisor
 from service.state.config import Settings
+from service.state.lifeline import parent_env, tie_to_parent
 
 log = logging.getLogger("nobackfill.launch")
 REPO = Path(__file__).resolve().parents[2]  # the checkout: children run from it
@@ -43,7 +43,7 @@ def child_env(env: Env | None) -> dict[str, str]:
 
 def start_worker(env: Env | None = None, log_file: Path | None = None) -> subprocess.Popen:
     """``python -m worker`` as a child in its own session (``stop`` ends it and its pool;
-    it dies with this process: ``service.stack.lifeline``); ``env`` adds settings, ``log_file`` takes its output (appended: a restarted worker
+    it dies with this process: ``service.state.lifeline``); ``env`` adds settings, ``log_file`` takes its output (appended: a restarted worker
     keeps its predecessor's lines; default: this process's)."""
     env = {**child_env(env), **parent_env()}
     env.setdefault("NOBACKFILL_WORKER_NAME", "embedded@localhost")

@@ -7,7 +7,7 @@ an exponential backoff (``backoff_s``, doubled per consecutive quick exit, cappe
 crashes on start does not spin. Every exit and every restart is logged with the exit
 code. ``stop`` ends the supervision first, then the child and its process group, so
 nothing is restarted behind the caller's back and nothing is orphaned; a supervisor killed
-with its process takes its child along (``service.stack.lifeline``).
+with its process takes its child along (``service.state.lifeline``).
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ class Supervisor:
                 continue
             self._exited(proc)
         # A child this thread restarted dies when the thread ends (its parent-death signal
-        # follows the thread that started it: ``service.stack.lifeline``): the thread
+        # follows the thread that started it: ``service.state.lifeline``): the thread
         # outlives the child's clean stop.
         self._stopped.wait()
 
