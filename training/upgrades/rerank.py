@@ -252,7 +252,7 @@ def candidate_order(rows: np.ndarray, n: int) -> np.ndarray:
         key = tuple(np.unique(r).tolist())
         sets[key] = sets.get(key, 0) + 1
     first = np.asarray(searched_first(list(sets), list(sets.values())), np.int64)
-    counts = np.bincount(rows.ravel(), minlength=n) if rows.size else np.zeros(n, np.int64)
+    counts = np.bincount(rows.ravel().astype(np.int64), minlength=n)
     seen = np.zeros(n, bool)
     seen[first] = True
     rest = np.flatnonzero(~seen)
