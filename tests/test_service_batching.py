@@ -119,6 +119,85 @@ def test_no_wait_still_groups_what_one_event_loop_turn_submits(lane) -> None:
     assert fn.batches == [[0, 1, 2, 3, 4], [5]]
 
 
+class Concurrency(Recorder):
+    """A Recorder that also counts the batches running at once (the most ever)."""
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__(delay_s)
+        self.now = self.most = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, items: list[int]) -> list[int]:
+        with self._lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        try:
+            return super().__call__(items)
+        finally:
+            with self._lock:
+                self.now -= 1
+
+
+@pytest.mark.parametrize(("lanes", "shape"), [(2, [7, 8]), (1, [15])])
+def test_a_batch_takes_every_free_lane_split_evenly(lanes, shape) -> None:
+    """Two lanes: a group of 15 on idle lanes is two batches of 7 and 8 that run at once (on
+    both lane threads); one lane: one batch of 15. The results in each caller's order."""
+    fn = Concurrency(delay_s=0.2)
+    with ThreadPoolExecutor(max_workers=lanes, thread_name_prefix="lane") as pool:
+        async def main() -> list[int]:
+            batcher = MicroBatcher(fn, pool, max_size=32, max_wait_s=30.0, lanes=lanes)
+            return await batcher.submit_group(list(range(15)))
+        assert run(main()) == [2 * i for i in range(15)]
+    assert sorted(len(b) for b in fn.batches) == shape
+    assert sorted(chain.from_iterable(fn.batches)) == list(range(15))
+    assert fn.most == lanes and len(fn.threads) == lanes
+
+
+def test_never_more_batches_at_once_than_lanes() -> None:
+    """A flood of lone items and groups on two lanes: never more than two batches at once,
+    none over ``max_size``; an item that arrives while one lane is free goes on it after
+    ``max_wait_s`` (not after the running batch); every caller gets its own result."""
+    fn = Concurrency(delay_s=0.05)
+    with ThreadPoolExecutor(max_workers=4, thread_name_prefix="lane") as pool:
+        async def main() -> tuple[list[int], list[list[int]], list[list[int]]]:
+            batcher = MicroBatcher(fn, pool, max_size=3, max_wait_s=0.001, lanes=2)
+            long = Recorder(delay_s=1.0)
+            slow = MicroBatcher(long, pool, max_size=3, max_wait_s=0.001, lanes=2)
+            first = asyncio.ensure_future(slow.submit(0))
+            await asyncio.sleep(0.05)  # one lane of ``slow`` busy for a second
+            second = asyncio.ensure_future(slow.submit(1))
+            await asyncio.sleep(0.2)  # the other lane is free: it does not wait for the first
+            started = [list(b) for b in long.batches]
+            await asyncio.gather(first, second)
+            singles = await asyncio.gather(*(batcher.submit(i) for i in range(20)))
+            groups = await asyncio.gather(*(batcher.submit_group([i, i + 1, i + 2, i + 3])
+                                            for i in range(100, 120, 4)))
+            return singles, groups, started
+        singles, groups, started = run(main())
+    assert started == [[0], [1]]
+    assert singles == [2 * i for i in range(20)]
+    assert groups == [[2 * j for j in range(i, i + 4)] for i in range(100, 120, 4)]
+    assert fn.most == 2 and max(len(b) for b in fn.batches) <= 3
+
+
+def test_lanes_below_one_are_refused(lane) -> None:
+    with pytest.raises(ValueError, match="lanes must be at least 1"):
+        MicroBatcher(Recorder(), lane, max_size=4, max_wait_s=0.0, lanes=0)
+
+
+@pytest.mark.parametrize(("configured", "torch_threads", "device", "cores", "expected"), [
+    (3, 1, "cuda", 16, 3),  # set: as set
+    (0, 1, "cuda", 16, 1),  # a GPU runs one forward at a time
+    (0, 1, "cpu", 2, 2), (0, 2, "cpu", 16, 8), (0, 4, "cpu", 2, 1),
+    (0, 0, "cpu", 16, 1),  # torch's own threads take every core
+])
+def test_lane_count(monkeypatch, configured, torch_threads, device, cores, expected) -> None:
+    from service.runtime import threads
+
+    monkeypatch.setattr(threads.os, "cpu_count", lambda: cores)
+    assert threads.lane_count(configured, torch_threads, device) == expected
+
+
 def test_max_size_one_turns_batching_off(lane) -> None:
     fn = Recorder()
 
