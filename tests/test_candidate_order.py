@@ -220,11 +220,13 @@ def test_the_plan_measures_the_candidate_order_on_the_gallery_s_own_searches(
 
     got = plan()
     with_workload(got, tmp_path, "g", 3000)
-    assert got["workload"] == {"searches": 2000}
+    assert got["workload"] == {"searches": 2000,
+                               "sets": len({tuple(sorted(queries[q])) for q in picked})}
     assert "warm" not in got["options"][2]
     for o in got["options"][:2]:
         warm = o["warm"]
         assert warm["searches"] == 2000 and warm["learned_from"] == 1000
+        assert warm["learned_sets"] is not None  # from the sets, less the measured half
         alone = warm["read_through"]["warm_80_at_filled"]
         paced = [x["warm_80_at_filled"] for x in warm["candidates"]]
         assert [x["pace"] for x in warm["candidates"]] == [1.0, 4.0]
@@ -236,5 +238,45 @@ def test_the_plan_measures_the_candidate_order_on_the_gallery_s_own_searches(
     assert [r[0] for r in rows] == ["rerank@10", "rerank@20"] and rows[0][1] == "2000"
     few = plan()
     with_workload(few, tmp_path, "none-recorded", 3000)
-    assert few["workload"] == {"searches": 0} and few["options"][0]["warm"] is None
+    assert few["workload"] == {"searches": 0, "sets": 0} and few["options"][0]["warm"] is None
     assert "order" not in few["options"][0]["apply"]["params"]
+
+
+def test_the_plans_order_learns_from_every_set_served_before_the_measured_searches() -> None:
+    """With the gallery's sets (every search's, the kept ones included), the plan's
+    candidate order is learned from the sets less the measured half of the kept searches:
+    exactly the order of the searches served before that half (weights 1: no decay
+    here), measured on that half; a set served only in the measured half teaches nothing."""
+    import numpy as np
+
+    from training.upgrades.rerank import PACES, candidate_order, fill_curve, workload_curves
+
+    rng = np.random.default_rng(3)
+    queries = np.array([rng.choice(2000, 10, replace=False) for _ in range(300)])
+    p = 1.0 / np.arange(1, 301) ** 1.1
+    picked = rng.choice(300, size=4000, p=p / p.sum())
+    ids = [[f"item{i:05d}" for i in queries[q]] for q in picked]
+    earlier, kept = ids[:3000], ids[3000:]  # the gateway keeps the last 1,000 searches
+    only_measured = [f"new{j}" for j in range(10)]  # served once, in the measured half
+    kept[-1] = only_measured
+    sets: dict[tuple[str, ...], float] = {}
+    for s in earlier + kept:
+        sets[tuple(sorted(s))] = sets.get(tuple(sorted(s)), 0.0) + 1.0
+    got = workload_curves(kept, 2000, sets=sets)
+    assert got is not None and got["learned_from"] == 500
+
+    taught = earlier + kept[:500]
+    assert got["learned_sets"] == len({tuple(sorted(s)) for s in taught})
+    named = sorted({i for s in earlier + kept for i in s})
+    n = max(2000, len(named))
+    place = {i: int(j * n / len(named)) for j, i in enumerate(named)}
+    grid = np.array([[place[i] for i in s] for s in kept])
+    order = candidate_order(np.array([[place[i] for i in s] for s in taught]), n)
+    assert not set(order[:len({i for s in taught for i in s})]) & {place[i] for i in only_measured}
+    for c, pace in zip(got["candidates"], PACES, strict=True):
+        per = n / (pace * 500)
+        want = fill_curve(grid[500:], n, window=got["window"], backfill=order, per_search=per)
+        assert c["warm_80_at_filled"] == want["warm_80_at_filled"]
+        assert c["curve"] == want["curve"]
+    first_half = workload_curves(kept, 2000)  # no sets: the first half teaches
+    assert first_half is not None and first_half["learned_sets"] is None

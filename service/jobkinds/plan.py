@@ -194,19 +194,21 @@ def run(ctx: RunContext) -> dict[str, Any]:
 def with_workload(plan: dict[str, Any], registry_dir: Path, gallery: str, items: int) -> None:
     """What the gallery's users retrieve, in the plan: on its recorded searches
     (``service.state.candidates``), how soon rerank on read is warm with the read-through
-    fill alone and with the backfill order ``candidates`` beside it
-    (``training.upgrades.rerank.workload_curves``, at each rerank option's k). A rerank
+    fill alone and with the backfill order ``candidates`` beside it, learned from the sets
+    served before the searches measured (``training.upgrades.rerank.workload_curves``,
+    at each rerank option's k). A rerank
     option whose candidate order is warm no later at every pace applies with it."""
     from service.state.candidates import FOLDER, read_counted
     from training.upgrades.rerank import workload_curves
 
-    searches = read_counted(registry_dir / FOLDER / f"{gallery}.json").searches
-    plan["workload"] = {"searches": len(searches)}
+    counted = read_counted(registry_dir / FOLDER / f"{gallery}.json")
+    searches = counted.searches
+    plan["workload"] = {"searches": len(searches), "sets": len(counted.sets)}
     for option in plan.get("options", []):
         params = (option.get("apply") or {}).get("params") or {}
         if params.get("serving") != "rerank":
             continue
-        warm = workload_curves(searches, items, k=params.get("rerank_k"))
+        warm = workload_curves(searches, items, k=params.get("rerank_k"), sets=counted.sets)
         option["warm"] = warm
         if warm is not None and warm["candidates_no_later"]:
             params["order"] = "candidates"

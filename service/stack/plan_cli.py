@@ -237,8 +237,9 @@ def render(view: dict[str, Any]) -> str:
     warm = warm_rows(plan)
     if warm:
         parts.append("gallery filled when 80% of searches are fully warm, on the gallery's "
-                     "recorded searches (the first half teaches the candidate order; the "
-                     "backfill re-embeds the gallery over 1x / 4x the second half):\n"
+                     "recorded searches (the second half is served; the candidate order is "
+                     "learned from every set served before it; the backfill re-embeds the "
+                     "gallery over 1x / 4x that half):\n"
                      + grid(WARM_HEADER, warm))
     curve = _dict(plan.get("curve"))
     if curve.get("points"):

@@ -18,7 +18,7 @@ of searches that embedded nothing, fully warm, against the share of the gallery 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -247,16 +247,25 @@ def candidate_order(rows: np.ndarray, n: int) -> np.ndarray:
     them: ``searched_first`` over the sets, then any other counted item by its count,
     then every other item in the default order."""
     rows = np.asarray(rows)
-    sets: dict[tuple[int, ...], int] = {}
+    sets: dict[tuple[int, ...], float] = {}
     for r in rows:
         key = tuple(np.unique(r).tolist())
-        sets[key] = sets.get(key, 0) + 1
+        sets[key] = sets.get(key, 0.0) + 1.0
+    return order_of_sets(sets, n, np.bincount(rows.ravel().astype(np.int64), minlength=n))
+
+
+def order_of_sets(sets: dict[tuple[int, ...], float], n: int,
+                  counts: np.ndarray | None = None) -> np.ndarray:
+    """``candidate_order`` from the sets themselves (each distinct set of candidates, items
+    ``0..n-1``, with how often it was served): ``searched_first`` over them, then the other
+    items by ``counts`` (none: in the default order)."""
     first = np.asarray(searched_first(list(sets), list(sets.values())), np.int64)
-    counts = np.bincount(rows.ravel().astype(np.int64), minlength=n)
     seen = np.zeros(n, bool)
     seen[first] = True
     rest = np.flatnonzero(~seen)
-    return np.concatenate([first, rest[np.argsort(-counts[rest], kind="stable")]])
+    if counts is not None:
+        rest = rest[np.argsort(-counts[rest], kind="stable")]
+    return np.concatenate([first, rest])
 
 
 def fill_curve(stream: np.ndarray, n: int, window: int = 1000,
@@ -351,35 +360,54 @@ class _ExactWarm:
 
 
 PACES = (1.0, 4.0)  # a backfill that alone re-embeds the gallery over 1 or 4 times the searches
-LEARN_SHARE = 0.5  # of a gallery's recorded searches, the first half teaches the order
+LEARN_SHARE = 0.5  # of a gallery's recorded searches, the second half is measured
+SET_LEFT = 1e-6  # a set's count left after the measured searches are taken out: none
 
 
 def workload_curves(searches: Sequence[Sequence[str]], n: int, k: int | None = None,
-                    window: int | None = None) -> dict[str, Any] | None:
+                    window: int | None = None,
+                    sets: Mapping[tuple[str, ...], float] | None = None) -> dict[str, Any] | None:
     """On a gallery's own recorded searches (``service.state.candidates``: each one's
-    served candidate ids, oldest first; ``n`` items in the gallery): the first half
-    teaches the candidate order, the second half is served by rerank on read with the
-    read-through fill alone, or with a backfill in that order beside it at each of
-    ``PACES`` (``fill_curve``). Each measured item id takes a place in the default (id)
-    order among the ``n`` by its rank among the ids the searches name, spread evenly: the
-    recorded searches do not name the items never retrieved. Candidate lists are cut to
-    ``k`` (a rerank's k) when given. None with fewer than 20 searches. Returns each
-    way's filled share at 80% fully warm and its curve, and whether the candidate order
-    reaches it no later than the read-through alone at every pace."""
-    rows = [list(dict.fromkeys(s))[:k] if k else list(dict.fromkeys(s)) for s in searches]
-    rows = [r for r in rows if r]
+    served candidate ids, oldest first; ``n`` items in the gallery): the second half is
+    served by rerank on read with the read-through fill alone, or with a backfill in the
+    candidate order beside it at each of ``PACES`` (``fill_curve``). The order is learned
+    from what was served before the second half: with ``sets`` (the gallery's decayed
+    count of each distinct set of candidates served, every search's, the second half's
+    included), those sets less the second half's searches, each taken as 1 (its decayed
+    weight is at most 1, so nothing the second half served is left in; a set it served
+    less often than that is dropped), as the migration learns from every search served
+    before it (``planning.by_candidates``); without, the first half of ``searches``. Each
+    item id takes a place in the default (id) order among the ``n`` by its rank among
+    the ids the searches and sets name, spread evenly: they do not name the items never
+    retrieved. Candidate lists are cut to ``k`` (a rerank's k) when given. None with
+    fewer than 20 searches. Returns each way's filled share at 80% fully warm and its
+    curve, and whether the candidate order reaches it no later than the read-through
+    alone at every pace."""
+    kept = [list(dict.fromkeys(s)) for s in searches]
+    kept = [s for s in kept if s]
+    rows = [s[:k] if k else s for s in kept]
     if len(rows) < 20:
         return None
-    named = sorted({i for r in rows for i in r})
+    learn = int(len(rows) * LEARN_SHARE)
+    before: dict[tuple[str, ...], float] = {}
+    if sets:
+        before = dict(sets)
+        for s in kept[learn:]:  # the measured searches teach nothing
+            key = tuple(sorted(s))
+            if key in before:
+                before[key] -= 1.0
+        before = {key: c for key, c in before.items() if c > SET_LEFT}
+    named = sorted({i for r in rows for i in r} | {i for key in before for i in key})
     n = max(n, len(named))
     place = {i: int(j * n / len(named)) for j, i in enumerate(named)}  # evenly in id order
-    learn = int(len(rows) * LEARN_SHARE)
     width = max(len(r) for r in rows)
     grid = np.array([[place[i] for i in r] + [place[r[-1]]] * (width - len(r)) for r in rows])
     window = window or max(10, (len(rows) - learn) // 10)
     later = grid[learn:]
     alone = fill_curve(later, n, window=window)
-    order = candidate_order(grid[:learn], n)
+    order = (order_of_sets({tuple(sorted(place[i] for i in key)): c
+                            for key, c in before.items()}, n)
+             if before else candidate_order(grid[:learn], n))
     paced = []
     for pace in PACES:
         per = n / (pace * len(later))
@@ -392,6 +420,7 @@ def workload_curves(searches: Sequence[Sequence[str]], n: int, k: int | None = N
         return x is not None and (a is None or x <= a)
 
     return {"searches": len(rows), "learned_from": learn, "items": n, "window": window,
+            "learned_sets": len(before) if before else None,
             "read_through": {"warm_80_at_filled": alone["warm_80_at_filled"],
                              "curve": alone["curve"]},
             "candidates": paced,
