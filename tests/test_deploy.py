@@ -35,11 +35,11 @@ SETTINGS = {f"NOBACKFILL_{name.upper()}": name for name in Settings.model_fields
 
 # Settings the workers do not receive. A worker runs Celery tasks and serves no HTTP, so these
 # mean nothing there: the gateway's bind address, port, request log, numpy BLAS threads,
-# the torch threads and threads of its device lane and the interval of its applier (it writes what workers spool), and the API keys
+# the torch threads of its device lane and the interval of its applier (it writes what workers spool), and the API keys
 # (checked only by the HTTP layer; keeping them off the GPU hosts exposes them less).
 GATEWAY_ONLY = {
     "NOBACKFILL_HOST", "NOBACKFILL_PORT", "NOBACKFILL_ACCESS_LOG", "NOBACKFILL_BLAS_THREADS",
-    "NOBACKFILL_TORCH_THREADS", "NOBACKFILL_DEVICE_LANES",
+    "NOBACKFILL_TORCH_THREADS",
     "NOBACKFILL_ADMIN_API_KEYS", "NOBACKFILL_READ_API_KEY", "NOBACKFILL_APPLY_INTERVAL_S",
     "NOBACKFILL_DECODE_PIXEL_BUDGET", "NOBACKFILL_DECODE_WAIT_S",  # image decodes of requests
 }

@@ -23,7 +23,6 @@ from training.encoders import Encoder, pixels_many
 class Batching:
     max_size: int
     max_wait_s: float
-    lanes: int = 1  # the device lane's threads: batches of one batcher that run at once
 
 
 class Embedder:
@@ -34,17 +33,16 @@ class Embedder:
         self.version = version
         self.space = space
         self.route = route  # the route kind that reaches ``space``, e.g. "native"
-        self.lane = lane  # the device lane: ``batching.lanes`` threads (one on a GPU)
-
-        def batcher(run: Callable[[list], Sequence], modality: str) -> MicroBatcher:
-            return MicroBatcher(run, lane, batching.max_size, batching.max_wait_s,
-                                _tagged(on_batch, modality), batching.lanes)
-
-        self._texts = batcher(self._encode_texts, "text")
-        self._images = batcher(self._encode_pixels, "image")
+        self.lane = lane  # one thread per device: forwards never compete for it
+        self._texts = MicroBatcher(self._encode_texts, lane, batching.max_size,
+                                   batching.max_wait_s, _tagged(on_batch, "text"))
+        self._images = MicroBatcher(self._encode_pixels, lane, batching.max_size,
+                                    batching.max_wait_s, _tagged(on_batch, "image"))
         # (this route's vector, the towers' own) from one forward: a rerank's two queries
-        self._text_pairs = batcher(self._encode_text_pairs, "text")
-        self._image_pairs = batcher(self._encode_pixel_pairs, "image")
+        self._text_pairs = MicroBatcher(self._encode_text_pairs, lane, batching.max_size,
+                                        batching.max_wait_s, _tagged(on_batch, "text"))
+        self._image_pairs = MicroBatcher(self._encode_pixel_pairs, lane, batching.max_size,
+                                         batching.max_wait_s, _tagged(on_batch, "image"))
 
     @property
     def dim(self) -> int:

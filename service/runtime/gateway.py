@@ -1,5 +1,5 @@
 """Everything one gateway process holds: settings, registry, gallery store, the runtime
-that serves models, metrics, the device lane (the threads running model forwards), the
+that serves models, metrics, the device lane (one thread running model forwards), the
 search lane (one thread running batched gallery searches), and the job records and queue."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from service.runtime.embedder import Batching
 from service.runtime.metrics import Metrics
 from service.runtime.search_batcher import SearchBatcher
 from service.runtime.serving import EncoderLoader, Runtime
-from service.runtime.threads import lane_count, lane_torch_threads
+from service.runtime.threads import lane_torch_threads
 from service.state.candidates import CandidateCounts
 from service.state.config import Settings
 from service.state.gallery import GalleryStore, open_qdrant
@@ -20,7 +20,7 @@ from service.state.jobs import JobStore
 from service.state.jobs.broker import JobQueue
 from service.state.registry import Registry
 from training.artifacts import Artifact
-from training.encoders import Encoder, pick_device
+from training.encoders import Encoder
 from training.versions import load_encoder
 
 log = logging.getLogger(__name__)
@@ -56,11 +56,9 @@ def open_gateway(settings: Settings, metrics: Metrics,
     client = open_qdrant(settings)
     store = GalleryStore(client, serialise=settings.qdrant_url is None
                          and settings.qdrant_engine == "local")
-    lanes = lane_count(settings.device_lanes, settings.torch_threads,
-                       pick_device(settings.device).type)
-    lane = ThreadPoolExecutor(max_workers=lanes, thread_name_prefix="nobackfill-device",
+    lane = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nobackfill-device",
                               initializer=lane_torch_threads, initargs=(settings.torch_threads,))
-    batching = Batching(settings.batch_max_size, settings.batch_max_wait_s, lanes)
+    batching = Batching(settings.batch_max_size, settings.batch_max_wait_s)
     runtime = Runtime(registry, load or _device_loader(settings.device), lane, batching, metrics,
                       settings.keep_warm_versions)
     search_lane = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nobackfill-search")

@@ -25,21 +25,12 @@ for its next time slice: plain searches took 200-230 ms instead of 6 (``bench re
 while the worker loaded its model). On one thread there is no barrier: one text 0.9 ms
 (the same), 20 images 11.0 ms instead of 6.5. So the lane runs ``torch_threads`` (default
 1: ``lane_torch_threads``); a host with cores to spare for the forward sets more.
-
-The lane's threads: on a CPU the lane has one thread per ``torch_threads`` cores
-(``lane_count``; ``device_lanes`` sets it), and a batch that starts takes every free one,
-its items split over them (``service.runtime.batching``): forwards that share no barrier,
-so a preempted one delays its own part only. Measured on the 2-core machine, bench base's
-NEW, 16 images: one forward of them on one thread 10.9-11.2 ms, two forwards of 8 on two
-lane threads 6.8-7.2 ms. On a GPU the lane has one thread: the device runs one forward at
-a time anyway.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
@@ -54,17 +45,6 @@ def limit_blas_threads(threads: int) -> None:
     Applies from now on, for the whole process."""
     if threads > 0:
         threadpool_limits(limits=threads, user_api="blas")
-
-
-def lane_count(configured: int, torch_threads: int, device: str) -> int:
-    """The device lane's threads: ``configured`` when set (> 0); else one on a GPU, and on a
-    CPU one per ``torch_threads`` cores (one when torch_threads is 0: torch's own threads
-    take every core)."""
-    if configured > 0:
-        return configured
-    if device != "cpu" or torch_threads <= 0:
-        return 1
-    return max(1, (os.cpu_count() or 1) // torch_threads)
 
 
 def lane_torch_threads(threads: int) -> None:

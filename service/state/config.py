@@ -124,11 +124,6 @@ class Settings(BaseSettings):
         "lane) on a CPU: one leaves the other cores to the image decodes, the searches and "
         "a worker on the same host, and no forward waits at an OpenMP barrier for a "
         "preempted thread; 0: torch's default (one per core)")
-    device_lanes: int = Field(
-        0, ge=0, description="threads of the gateway's device lane: model forwards that run "
-        "at once, each on torch_threads (a batch takes every free lane, its items split "
-        "over them: a cold rerank's candidates embed on every core); 0: one on a GPU, one "
-        "per torch_threads cores on a CPU (with torch_threads 0: one)")
     registry_poll_interval_s: float = Field(
         1.0, ge=0, description="how often to look for promotions/rollbacks; 0 disables")
     access_log: bool = Field(True, description="uvicorn's per-request log lines")
