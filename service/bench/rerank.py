@@ -22,9 +22,7 @@ candidate is in the answer.
    answering end before the next search, which would otherwise pay for them); the
    ratios per round with their spread, and where a reranked search's time went
    (``reranked.stages_ms``: the query's embeddings, the route's search, the new side's
-   read, the wait for its embeddings, and of those the decode and the forward: on a CPU
-   the forwards of a search's candidates split over the device lane's threads, one per
-   core, ``service.runtime.batching``); QPS at
+   read, the wait for its embeddings, and of those the decode and the forward); QPS at
    ``--clients`` clients, warm; vectors embedded and read per search, searches that
    embedded nothing, kept candidates, over-budget candidates, errors. A search may
    embed every one of its candidates (``rerank_embed_max_per_request`` = the largest k).
@@ -100,9 +98,8 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from service.bench.migrate import PREPARE_PHASES, _settings, _stack, prepare
+    from service.bench.migrate import PREPARE_PHASES, _stack, prepare
     from service.bench.setup import fresh_work_dir
-    from service.runtime.threads import lane_count
 
     device = resolve_device(getattr(args, "device", None))  # before anything starts
     phase = Phases("rerank", PREPARE_PHASES + 5 + len(KS))  # prepare's, then the run's
@@ -118,10 +115,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     warmup, sets = texts[:WARMUP], [texts[WARMUP + i * args.queries:
                                           WARMUP + (i + 1) * args.queries]
                                     for i in range(len(KS))]
-    settings = _settings(work, device)  # the gateway's, as its environment gives them
     result: dict[str, Any] = {"items": args.items, "device": device, "old": old.version_id,
-                              "lanes": lane_count(settings.device_lanes,
-                                                  settings.torch_threads, device),
                               "new": new.version_id, "setup": setup,
                               "queries": args.queries, "clients": args.clients,
                               "budget_ms": args.budget_ms}
@@ -548,8 +542,7 @@ STAGES = ("query", "candidates", "read", "wait", "decode", "forward")
 def render(result: dict[str, Any]) -> str:
     setup, plain = result["setup"], result["plain"]
     lines = [(f"bench rerank: {result['items']} items mid-migration (backfill paused), "
-              f"device {result.get('device', 'cpu')} ({result.get('lanes', 1)} lane threads), "
-              f"OLD={result['old']} NEW={result['new']} "
+              f"device {result.get('device', 'cpu')}, OLD={result['old']} NEW={result['new']} "
               f"(route: {setup['route']}), "
               f"{result['queries']} text queries per pass, top_k = rerank_k = k, "
               f"rerank_budget_ms {result['budget_ms']:g}"), "",
