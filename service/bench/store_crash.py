@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+READY_TIMEOUT_S = 120.0  # the longest a writer may take to start before it is killed anyway
+
 WRITER = """
 import json, sys, threading
 from pathlib import Path
@@ -49,6 +51,8 @@ say = threading.Lock()
 def ack(**op):
     with say:
         print(json.dumps(op), flush=True)
+
+ack(op="ready")  # started (imports, open): the kill's clock starts here
 
 def put(collection, ids, vseed):
     v = vectors(vseed, len(ids), dim)
@@ -220,9 +224,12 @@ def crash(engine: str, work: Path, dim: int, kills: int, seed: int = 0) -> dict[
                                  str(k + 1)], stdout=subprocess.PIPE, text=True)
         assert proc.stdout is not None
         ops: list[dict[str, Any]] = []
-        reader = threading.Thread(target=_read_ops, args=(proc.stdout, ops))
+        ready = threading.Event()
+        reader = threading.Thread(target=_read_ops, args=(proc.stdout, ops, ready))
         reader.start()
-        time.sleep(float(rng.uniform(2.5, 6.0)))  # past its start (imports, open)
+        # at a random point of its work, however long its start (imports, open) took
+        ready.wait(READY_TIMEOUT_S)
+        time.sleep(float(rng.uniform(0.5, 4.0)))
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         reader.join()
@@ -238,7 +245,7 @@ def crash(engine: str, work: Path, dim: int, kills: int, seed: int = 0) -> dict[
             in_flight.add("alias")  # the side it moves to: its put, acknowledged after
             side = next((o["collection"] for o in ops[at + 1:] if o["op"] == "put"), None)
         for o in ops:
-            if o["op"] != "phase":
+            if o["op"] not in ("phase", "ready"):
                 ref.apply(o)
                 acked_ops += 1
         client = (EdgeClient(path, indexer=False) if engine == "edge"
@@ -258,11 +265,17 @@ def crash(engine: str, work: Path, dim: int, kills: int, seed: int = 0) -> dict[
             "moves": moves, **totals}
 
 
-def _read_ops(stream: Any, into: list[dict[str, Any]]) -> None:
-    """Every whole line the writer printed (one cut by the kill is not acknowledged)."""
-    for line in stream:
-        if line.endswith("\n"):
-            into.append(json.loads(line))
+def _read_ops(stream: Any, into: list[dict[str, Any]], ready: threading.Event) -> None:
+    """Every whole line the writer printed (one cut by the kill is not acknowledged);
+    ``ready`` is set once it said it started (or its output ended)."""
+    try:
+        for line in stream:
+            if line.endswith("\n"):
+                into.append(json.loads(line))
+                if into[-1]["op"] == "ready":
+                    ready.set()
+    finally:
+        ready.set()
 
 
 def move_kill(work: Path, after_lines: int) -> dict[str, int]:
