@@ -202,13 +202,13 @@ def with_workload(plan: dict[str, Any], registry_dir: Path, gallery: str, items:
     from training.upgrades.rerank import workload_curves
 
     counted = read_counted(registry_dir / FOLDER / f"{gallery}.json")
-    searches = counted.searches
-    plan["workload"] = {"searches": len(searches), "sets": len(counted.sets)}
+    plan["workload"] = {"searches": len(counted.searches), "sets": len(counted.sets)}
     for option in plan.get("options", []):
         params = (option.get("apply") or {}).get("params") or {}
         if params.get("serving") != "rerank":
             continue
-        warm = workload_curves(searches, items, k=params.get("rerank_k"), sets=counted.sets)
+        warm = workload_curves(counted.searches, items, k=params.get("rerank_k"),
+                               sets=counted.sets)
         option["warm"] = warm
         if warm is not None and warm["candidates_no_later"]:
             params["order"] = "candidates"

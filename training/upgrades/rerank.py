@@ -254,7 +254,7 @@ def candidate_order(rows: np.ndarray, n: int) -> np.ndarray:
     return order_of_sets(sets, n, np.bincount(rows.ravel().astype(np.int64), minlength=n))
 
 
-def order_of_sets(sets: dict[tuple[int, ...], float], n: int,
+def order_of_sets(sets: Mapping[tuple[int, ...], float], n: int,
                   counts: np.ndarray | None = None) -> np.ndarray:
     """``candidate_order`` from the sets themselves (each distinct set of candidates, items
     ``0..n-1``, with how often it was served): ``searched_first`` over them, then the other
@@ -405,8 +405,7 @@ def workload_curves(searches: Sequence[Sequence[str]], n: int, k: int | None = N
     window = window or max(10, (len(rows) - learn) // 10)
     later = grid[learn:]
     alone = fill_curve(later, n, window=window)
-    order = (order_of_sets({tuple(sorted(place[i] for i in key)): c
-                            for key, c in before.items()}, n)
+    order = (order_of_sets({tuple(place[i] for i in key): c for key, c in before.items()}, n)
              if before else candidate_order(grid[:learn], n))
     paced = []
     for pace in PACES:
