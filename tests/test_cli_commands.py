@@ -30,7 +30,8 @@ ALL = sorted(command_paths(cli.build_parser()))
 def test_the_tree_has_the_library_and_the_plugged_in_commands() -> None:
     for path in [("synth",), ("train-base",), ("continual",), ("upgrade",), ("bench", "base"),
                  ("bench", "xbt"), ("demo",), ("bench", "serve"), ("bench", "migrate"),
-                 ("bench", "images"), ("bench", "rerank"), ("bench", "store"), ("plan", "start"),
+                 ("bench", "images"), ("bench", "rerank"), ("bench", "store"), ("bench", "edge-shards"),
+                 ("plan", "start"),
                  ("plan", "show"), ("plan", "list"), ("plan", "apply"), ("store", "move")]:
         assert path in ALL, path
 
@@ -57,6 +58,7 @@ def test_plugins_are_declared_as_entry_points() -> None:
                        "transform": "service.bench.transform:register",
                        "rerank": "service.bench.rerank:register",
                        "store": "service.bench.store:register",
+                       "edge-shards": "service.bench.edge_shards:register",
                        "host-report": "service.bench.host:register",
                        "tutorial": "service.bench.tutorial:register"}
 
