@@ -13,12 +13,12 @@ from service.bench.edge_shards import project
 
 
 def test_the_projection_adds_the_parts_calls_unless_edge_lets_them_run_at_once() -> None:
-    held = project(1_000_000, 80_000, 0.45, 0.3, releases_lock=False, cores=2)
+    held = project(1_000_000, 80_000, 0.45, 0.3, at_once=False, cores=2)
     assert held["parts"] == 13 and held["search_ms"] == 5.85 and held["stall_ms"] == 300
     assert not held["search_met"] and held["stall_met"]
-    free = project(1_000_000, 80_000, 0.45, 0.3, releases_lock=True, cores=2)
+    free = project(1_000_000, 80_000, 0.45, 0.3, at_once=True, cores=2)
     assert free["search_ms"] == 2.93 and free["search_met"]  # 13 calls over 2 cores
-    one = project(1_000_000, 1_000_000, 3.0, 3.4, releases_lock=False, cores=2)
+    one = project(1_000_000, 1_000_000, 3.0, 3.4, at_once=False, cores=2)
     assert one["parts"] == 1 and one["search_met"] and not one["stall_met"]
 
 
@@ -34,7 +34,10 @@ def test_bench_edge_shards_measures_parts_and_the_lock(tmp_path) -> None:
     lock = result["lock"]
     assert lock["qps_1_thread_1_shard"] > 0 and lock["qps_2_threads_2_shards"] > 0
     assert lock["load_beside_search_s"] > 0 and lock["search_waited_max_ms"] > 0
-    assert lock["releases_lock"] == (lock["parallel_gain"] >= 1.5)
+    assert lock["parts_at_once"] == (lock["parallel_gain"] >= 1.5)
+    assert lock["load_holds_lock"] == (
+        lock["search_waited_max_ms"] >= 500 * lock["load_beside_search_s"])
+    assert lock["cpu_per_s_1_thread"] > 0 and lock["cpu_per_s_2_threads"] > 0
     for row in result["parts"]:
         assert len(row["load_s"]) == 2 and all(s > 0 for s in row["load_s"])
         assert set(row["search"]) == {"16", "32", "64"}
