@@ -12,14 +12,19 @@ import sys
 from service.bench.edge_shards import project
 
 
-def test_the_projection_adds_the_parts_calls_unless_edge_lets_them_run_at_once() -> None:
-    held = project(1_000_000, 80_000, 0.45, 0.3, at_once=False, cores=2)
-    assert held["parts"] == 13 and held["search_ms"] == 5.85 and held["stall_ms"] == 300
+def test_the_projection_adds_the_parts_calls_unless_they_overlap() -> None:
+    part = {"p50_ms": 0.45, "fetch_p50_ms": 0.2, "recall_at_10": 0.97}
+    held = project(1_000_000, 80_000, part, [0.3, 0.28], at_once=False, cores=2)
+    assert held["parts"] == 13 and held["search_ms"] == 6.05 and held["stall_ms"] == 300
     assert not held["search_met"] and held["stall_met"]
-    free = project(1_000_000, 80_000, 0.45, 0.3, at_once=True, cores=2)
-    assert free["search_ms"] == 2.93 and free["search_met"]  # 13 calls over 2 cores
-    one = project(1_000_000, 1_000_000, 3.0, 3.4, at_once=False, cores=2)
+    free = project(1_000_000, 80_000, part, [0.3], at_once=True, cores=2)
+    assert free["search_ms"] == 3.13 and free["search_met"]  # 13 calls over 2 cores
+    low = project(1_000_000, 80_000, {**part, "recall_at_10": 0.94}, [0.3], True, 2)
+    assert not low["search_met"]  # fast enough, but below the recall target
+    one = project(1_000_000, 1_000_000, {**part, "p50_ms": 3.0}, [3.4], False, 2)
     assert one["parts"] == 1 and one["search_met"] and not one["stall_met"]
+    slowest = project(1_000_000, 125_000, part, [0.44, 0.58, 0.45], False, 2)
+    assert slowest["stall_ms"] == 580 and not slowest["stall_met"]  # the worst load counts
 
 
 def test_bench_edge_shards_measures_parts_and_the_lock(tmp_path) -> None:
@@ -45,7 +50,8 @@ def test_bench_edge_shards_measures_parts_and_the_lock(tmp_path) -> None:
             assert s["recall_at_10"] == 1.0  # searched exactly at this size
             p = row["projection"][ef]
             assert p["parts"] == math.ceil(1_000_000 / row["points"])
-            assert p["search_met"] == (p["search_ms"] <= 5.0)
+            assert p["search_met"] == (p["search_ms"] <= 5.0 and s["recall_at_10"] >= 0.95)
+            assert p["stall_ms"] == round(max(row["load_s"]) * 1e3) and s["fetch_p50_ms"] > 0
     quant = result["quantization"]
     assert quant["points"] == 2000 and set(quant) == {"points", "none", "int8"}
     assert quant["none"]["recall_at_10"] == 1.0 and len(quant["int8"]["load_s"]) == 3

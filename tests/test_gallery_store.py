@@ -398,3 +398,54 @@ def test_the_edge_default_refuses_a_local_mode_directory_until_it_is_moved(tmp_p
     again = GalleryStore(QdrantClient(path=str(data / "qdrant")), serialise=True)
     assert again.fingerprint("g") == before  # the source is left as it was
     again.close()
+
+
+def test_a_search_ef_reaches_every_backend_as_a_servers_search_params(
+        tmp_path, gateway_factory) -> None:
+    """``qdrant_search_ef`` goes into every search request as ``SearchParams.hnsw_ef``,
+    which a Qdrant server reads; Edge takes it from the request the same way; unset, each
+    engine keeps its own; a bad value is refused by name."""
+    import pytest
+    from pydantic import ValidationError
+    from qdrant_client import models
+
+    from service.state.config import Settings
+    from service.state.gallery.edge import EdgeClient
+
+    server_api = QdrantClient(location=":memory:")  # the server's client API
+    sent: list = []
+    real = server_api.query_batch_points
+
+    def recording(collection_name: str, requests: list) -> list:
+        sent.append(requests)
+        return real(collection_name, requests=requests)
+    server_api.query_batch_points = recording  # type: ignore[method-assign]
+    items = [Item(f"a{i}", {"image": unit(i)}) for i in range(6)]
+    for ef, want in ((128, 128), (None, None)):
+        store = GalleryStore(server_api, serialise=True, search_ef=ef)
+        store.create(f"g{want}", 8)
+        store.upsert(f"g{want}", items, "v1", "s")
+        assert store.search(f"g{want}", unit(3), "image", 2)[0].id == "a3"
+        params = sent[-1][0].params
+        assert (params.hnsw_ef if params else None) == want
+
+    client = EdgeClient(tmp_path / "edge", indexer=False, search_ef=32)
+    try:
+        store = GalleryStore(client, serialise=False, search_ef=128)
+        store.create("g", 8)
+        store.upsert("g", items, "v1", "s")
+        assert store.search("g", unit(4), "image", 2)[0].id == "a4"
+        query = models.QueryRequest(query=[0.0] * 8, using="image", limit=2)
+        assert client._params(query).hnsw_ef == 32  # the client's own when none is sent
+        sent_ef = models.QueryRequest(query=[0.0] * 8, using="image", limit=2,
+                                      params=models.SearchParams(hnsw_ef=128))
+        assert client._params(sent_ef).hnsw_ef == 128
+        client.search_ef = None
+        assert client._params(query) is None  # Edge's own
+    finally:
+        client.close()
+
+    with gateway_factory(qdrant_search_ef=96) as api:  # the gateway's store sends it
+        assert api.app.state.gateway.store._search.hnsw_ef == 96
+    with pytest.raises(ValidationError, match="qdrant_search_ef"):
+        Settings(qdrant_search_ef=0)

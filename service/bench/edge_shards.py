@@ -19,8 +19,10 @@ about the engine, which this command measures on ``bench store``'s data:
 - optionally, int8 scalar quantization: its index build, load and recall against none.
 
 Projected to ``--target`` points: ``ceil(target / S)`` parts; a search costs the parts'
-calls one after another when the engine holds the lock (divided over the cores when it
-does not); the stall is one part's load. Each projection says which targets it meets.
+calls one after another when they do not overlap (divided over the cores when they do),
+plus one read of the merged hits' payloads, and must keep recall@10 >= 0.95; the stall is
+the slowest part load (a swap also replays and flushes: it stalls at least that long).
+Each projection says which targets it meets.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from training.console import report_command
 
 SEARCH_P50_MS = 5.0  # the million-point targets (bench store)
 STALL_MS = 500.0
+RECALL = 0.95
 EFS = (16, 32, 64)
 
 
@@ -91,14 +94,19 @@ def part_search(shard: Any, queries: np.ndarray, truth: list[set[str]], ef: int 
     """One part's search, one call each (no payloads): p50/p99 ms and recall@10."""
     import qdrant_edge as edge
 
-    lat, recalls = [], []
+    lat, fetch, recalls = [], [], []
     for v, want in zip(queries, truth):
         request = _request(edge, v, ef, quantized)
         t = time.perf_counter()
         found = shard.query_batch(request)[0]
         lat.append(time.perf_counter() - t)
-        recalls.append(len({str(p.id) for p in found} & want) / 10)
+        ids = [str(p.id) for p in found]
+        recalls.append(len(set(ids) & want) / 10)
+        t = time.perf_counter()  # the merged hits' payloads, read once after the parts
+        shard.retrieve(ids, with_payload=True, with_vector=False)
+        fetch.append(time.perf_counter() - t)
     return {"p50_ms": round(_pct(lat, 50), 3), "p99_ms": round(_pct(lat, 99), 3),
+            "fetch_p50_ms": round(_pct(fetch, 50), 3),
             "recall_at_10": round(float(np.mean(recalls)), 4)}
 
 
@@ -218,15 +226,19 @@ def quantization(work: Path, points: int, dim: int, seed: int, queries: np.ndarr
     return out
 
 
-def project(target: int, size: int, part_p50_ms: float, load_s: float,
+def project(target: int, size: int, search: dict[str, float], loads: list[float],
             at_once: bool, cores: int) -> dict[str, Any]:
-    """``target`` points in parts of ``size``: the search's and the stall's projection
-    (the parts' calls one after another, or spread over the cores when ``at_once``)."""
+    """``target`` points in parts of ``size``: a search's cost (the parts' calls one after
+    another, or spread over the cores when ``at_once``, then one read of the hits'
+    payloads) and the stall (the slowest load: the least a swap holds searches off),
+    each against its target; the recall is the parts' (each true neighbour is in one)."""
     parts = math.ceil(target / size)
-    search = parts * part_p50_ms / (min(parts, cores) if at_once else 1)
-    stall = load_s * 1e3
-    return {"parts": parts, "search_ms": round(search, 2), "stall_ms": round(stall),
-            "search_met": search <= SEARCH_P50_MS, "stall_met": stall <= STALL_MS}
+    cost = parts * search["p50_ms"] / (min(parts, cores) if at_once else 1)
+    cost += search["fetch_p50_ms"]
+    stall = max(loads) * 1e3
+    return {"parts": parts, "search_ms": round(cost, 2), "stall_ms": round(stall),
+            "search_met": cost <= SEARCH_P50_MS and search["recall_at_10"] >= RECALL,
+            "stall_met": stall <= STALL_MS}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -259,8 +271,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         shutil.rmtree(work / f"part-{size}", ignore_errors=True)
     at_once = bool(result["lock"]["parts_at_once"])
     for row in result["parts"]:
-        load = float(np.median(row["load_s"]))
-        row["projection"] = {ef: project(args.target, row["points"], s["p50_ms"], load,
+        row["projection"] = {ef: project(args.target, row["points"], s, row["load_s"],
                                          at_once, cores) for ef, s in row["search"].items()}
     if args.quantization:
         q, truth_ids = queries_and_truth(args.seed, args.quantization, args.dim, args.queries)
@@ -282,9 +293,10 @@ def render(result: dict[str, Any]) -> str:
              f"({lock['load_beside_search_s']} s): "
              + ("the load holds the interpreter lock" if lock["load_holds_lock"]
                 else "the load lets searches run"), "",
-             (f"| part points | build s | load s (warm) | search ef | part p50 ms | recall@10 "
-              f"| parts for {result['target']:,} | search ms | stall ms | both targets |"),
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             (f"| part points | build s | load s (warm) | search ef | part p50 ms | payloads ms "
+              f"| recall@10 | parts for {result['target']:,} | search ms | stall ms "
+              f"| all targets |"),
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in result["parts"]:
         for ef, s in row["search"].items():
             p = row["projection"][ef]
@@ -293,7 +305,8 @@ def render(result: dict[str, Any]) -> str:
                 if not met) + ")"
             lines.append(f"| {row['points']:,} | {row['build_s']} | "
                          f"{' / '.join(str(x) for x in row['load_s'])} | {ef} | {s['p50_ms']} | "
-                         f"{s['recall_at_10']} | {p['parts']} | {p['search_ms']} | "
+                         f"{s['fetch_p50_ms']} | {s['recall_at_10']} | {p['parts']} | "
+                         f"{p['search_ms']} | "
                          f"{p['stall_ms']} | {both} |")
     quant = result.get("quantization")
     if quant:
@@ -303,7 +316,8 @@ def render(result: dict[str, Any]) -> str:
             lines.append(f"quantization {mode} at {quant['points']:,} points: index build "
                          f"{d['build_s']} s, load {' / '.join(str(x) for x in d['load_s'])} s, "
                          f"search p50 {d['p50_ms']} ms, recall@10 {d['recall_at_10']}")
-    lines.append(f"targets: search p50 <= {SEARCH_P50_MS} ms and the worst search during a "
+    lines.append(f"targets: search p50 <= {SEARCH_P50_MS} ms at recall@10 >= {RECALL} and the "
+                 f"worst search during a "
                  f"build <= {STALL_MS:.0f} ms at {result['target']:,} points; "
                  f"{result['queries']} queries, {result['dim']}-d, {result['cores']} cores")
     return "\n".join(lines)
@@ -313,7 +327,8 @@ def register(sub: argparse._SubParsersAction, name: str) -> None:
     p = sub.add_parser(name, help="whether a collection split into smaller Edge shards would "
                                   "meet the million-point search and stall targets here")
     p.add_argument("--out", default="runs/bench-edge-shards")
-    p.add_argument("--sizes", default="80000,125000", help="part sizes, comma-separated")
+    p.add_argument("--sizes", default="80000,100000,125000",
+                   help="part sizes, comma-separated")
     p.add_argument("--target", type=int, default=1_000_000, help="the collection's points")
     p.add_argument("--dim", type=int, default=512)
     p.add_argument("--queries", type=int, default=500)

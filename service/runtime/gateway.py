@@ -55,7 +55,8 @@ def open_gateway(settings: Settings, metrics: Metrics,
     # that waits (e.g. while Edge copies a shard to index it).
     client = open_qdrant(settings)
     store = GalleryStore(client, serialise=settings.qdrant_url is None
-                         and settings.qdrant_engine == "local")
+                         and settings.qdrant_engine == "local",
+                         search_ef=settings.qdrant_search_ef)
     lane = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nobackfill-device",
                               initializer=lane_torch_threads, initargs=(settings.torch_threads,))
     batching = Batching(settings.batch_max_size, settings.batch_max_wait_s)

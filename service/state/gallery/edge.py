@@ -516,12 +516,18 @@ class EdgeClient:
         batch = edge.QueryBatchRequest([edge.QueryRequest(
             limit=r.limit, query=edge.Query.Nearest(_dense(r.query), using=r.using),
             with_payload=bool(r.with_payload), filter=_filter(r.filter),
-            params=None if self.search_ef is None else edge.SearchParams(hnsw_ef=self.search_ef))
-            for r in requests])
+            params=self._params(r)) for r in requests])
         with c.lock.shared():
             found = c.shard.query_batch(batch)
         return [_Response([_Point(str(p.id), p.payload, None, float(p.score)) for p in points])
                 for points in found]
+
+    def _params(self, request: models.QueryRequest) -> Any:
+        """The search's ef: the request's (``SearchParams.hnsw_ef``, as a server takes it),
+        else this client's ``search_ef``, else Edge's own (None)."""
+        given = request.params.hnsw_ef if request.params is not None else None
+        ef = given if given is not None else self.search_ef
+        return None if ef is None else edge.SearchParams(hnsw_ef=ef)
 
     def scroll(self, collection_name: str, limit: int = 10, offset: Any = None,
                with_payload: bool | Sequence[str] = True, with_vectors: bool = False,

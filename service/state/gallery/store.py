@@ -85,8 +85,11 @@ class Hit:
 
 
 class GalleryStore:
-    def __init__(self, client: QdrantClient, serialise: bool) -> None:
+    def __init__(self, client: QdrantClient, serialise: bool,
+                 search_ef: int | None = None) -> None:
         self.client = client
+        # every search's HNSW ef (None: the engine's), sent the same way to every backend
+        self._search = None if search_ef is None else models.SearchParams(hnsw_ef=search_ef)
         # Local mode mutates plain numpy arrays without locks: one call at a time.
         self._lock: threading.Lock | None = threading.Lock() if serialise else None
 
@@ -236,7 +239,8 @@ class GalleryStore:
     def search_many(self, gallery: str, searches: Sequence[Search]) -> list[list[Hit]]:
         """Several searches of one gallery in one Qdrant call (one request to a server)."""
         requests = [models.QueryRequest(query=s.vector.tolist(), using=s.kind, limit=s.top_k,
-                                        with_payload=True, filter=payload_filter(s.where))
+                                        with_payload=True, filter=payload_filter(s.where),
+                                        params=self._search)
                     for s in searches]
         with self._call(gallery):
             responses = self.client.query_batch_points(gallery, requests=requests)
