@@ -291,8 +291,11 @@ def test_an_edge_index_swap_names_its_generation_and_a_crash_either_side_keeps_e
     store.create("g", 16)
     store.upsert("g", [Item(f"i{n}", {"image": eye[n]}) for n in range(8)], "v", "s")
     collection = store.collection_of("g")
+    assert store.client.shard_path(collection) == tmp_path / "collections" / collection
     store.client.optimize(collection)
     first = tmp_path / "indexed" / collection / "1"
+    assert store.client.shard_path(collection) == first  # what serves now, by any name
+    assert store.client.shard_path("g") == first
     catalog = json.loads((tmp_path / "catalog.json").read_text())
     assert catalog["paths"] == {collection: f"indexed/{collection}/1"} and first.is_dir()
     assert not (tmp_path / "collections" / collection).exists()  # the replaced shard
@@ -311,6 +314,7 @@ def test_an_edge_index_swap_names_its_generation_and_a_crash_either_side_keeps_e
     assert not (tmp_path / "collections" / collection).exists()
     assert not (tmp_path / "building").exists()
     again.client.optimize(collection)  # the next generation replaces the first
+    assert again.client.shard_path(collection) == tmp_path / "indexed" / collection / "2"
     assert sorted(p.name for p in (tmp_path / "indexed" / collection).iterdir()) == ["2"]
     again.delete("g", ["i0"])
     again.close()

@@ -45,9 +45,11 @@ from service.bench.store import (
     _items,
     _open,
     _pct,
+    chunk_vectors,
     chunks,
     queries_and_truth,
 )
+from service.state.gallery.ids import point_id
 from training.console import report_command
 
 SEARCH_P50_MS = 5.0  # the million-point targets (bench store)
@@ -74,7 +76,7 @@ def build_part(path: Path, points: int, dim: int, seed: int) -> tuple[Path, floa
             store.client.optimize(store.collection_of("g"))
     store.client.optimize(store.collection_of("g"))
     took = time.perf_counter() - t
-    shard_dir = store.client._collection(store.collection_of("g")).path
+    shard_dir = store.client.shard_path(store.collection_of("g"))
     store.close()
     return shard_dir, took
 
@@ -193,9 +195,6 @@ def quantization(work: Path, points: int, dim: int, seed: int, queries: np.ndarr
     the index build (one ``optimize``), the load, a search and its recall."""
     import qdrant_edge as edge
 
-    from service.bench.store import chunk_vectors
-    from service.state.gallery.ids import point_id
-
     out: dict[str, Any] = {"points": points}
     for mode in ("none", "int8"):
         path = work / f"quant-{mode}"
@@ -242,7 +241,7 @@ def project(target: int, size: int, search: dict[str, float], loads: list[float]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from service.state.gallery.ids import point_id
+    import qdrant_edge as edge
 
     work = Path(args.out)
     work.mkdir(parents=True, exist_ok=True)
@@ -250,25 +249,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cores = os.cpu_count() or 1
     result: dict[str, Any] = {"target": args.target, "cores": cores, "dim": args.dim,
                               "queries": args.queries, "parts": []}
+    built: Path | None = None  # the last part's store, kept for the lock check
     for size in sizes:
+        if built is not None:
+            shutil.rmtree(built, ignore_errors=True)
+        built = work / f"part-{size}"
         _say(f"building an indexed part of {size:,} points")
-        shard_dir, build_s = build_part(work / f"part-{size}", size, args.dim, args.seed)
+        shard_dir, build_s = build_part(built, size, args.dim, args.seed)
         q, truth_ids = queries_and_truth(args.seed, size, args.dim, args.queries)
         truth = [{point_id(i) for i in row} for row in truth_ids]
-        import qdrant_edge as edge
-
         loads = load_times(shard_dir, args.repeats)
         shard = edge.EdgeShard.load(str(shard_dir))
         searches = {str(ef): part_search(shard, q, truth, ef) for ef in EFS}
         shard.close()
         row = {"points": size, "build_s": round(build_s, 1), "load_s": loads,
                "search": searches}
-        if size == sizes[-1] and not result.get("lock"):
-            _say("checking whether searches on two parts overlap and what a load blocks")
-            result["lock"] = lock_check(shard_dir, work, q)
         result["parts"].append(row)
         _say(f"{size:,} points: {row}")
-        shutil.rmtree(work / f"part-{size}", ignore_errors=True)
+    _say("checking whether searches on two parts overlap and what a load blocks")
+    result["lock"] = lock_check(shard_dir, work, q)  # on the largest part's copies
+    if built is not None:
+        shutil.rmtree(built, ignore_errors=True)
     at_once = bool(result["lock"]["parts_at_once"])
     for row in result["parts"]:
         row["projection"] = {ef: project(args.target, row["points"], s, row["load_s"],

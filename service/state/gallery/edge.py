@@ -351,6 +351,11 @@ class EdgeClient:
             raise _missing(name)
         return found
 
+    def shard_path(self, collection_name: str) -> Path:
+        """The directory of the shard that serves ``collection_name`` (or the collection an
+        alias names) now: it changes at every swap of an off-process index build."""
+        return self._collection(collection_name).path
+
     # -- collections and aliases ---------------------------------------------------------
 
     def get_collections(self) -> Any:
