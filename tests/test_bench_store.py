@@ -27,6 +27,10 @@ def test_bench_store_measures_both_engines_and_its_crash_test_loses_nothing(tmp_
         assert 0 <= r["recall_se"] < 0.05 and r["reopen_cache"] in ("cold", "warm")
     during = result["rows"][0]["during_index"]  # Edge: searches went on while it indexed
     assert during["searches"] >= 1 and during["index_s"] >= 0
+    steps = during["steps"]  # where the swap's time went, each step timed
+    assert steps["writes_replayed"] >= 0 and steps["child_s"] > 0 and steps["load_s"] > 0
+    assert max(steps[k] for k in ("flush_s", "copy_s", "child_s", "load_s", "replay_s",
+                                  "new_flush_s", "close_s")) <= steps["total_s"]
     assert 0 < result["rows"][0]["durability"]["power"]["flushes"] <= 10 + 1000
     for c in result["crash"]:  # every acknowledged operation found after every kill
         assert c["kills"] == 5 and c["acknowledged_ops"] > 0 and c["acknowledged_points"] > 0

@@ -217,6 +217,9 @@ def test_an_edge_index_is_built_off_the_process_and_keeps_the_writes_made_meanwh
     assert child.poll() is None, "the child ended before the writes: the test proves nothing"
     builder.join(120)
     assert built == [True]
+    steps = client.last_build  # the build's steps, timed: the upsert and the delete replayed
+    assert steps["writes_replayed"] == 2 and steps["child_s"] > 0 and steps["load_s"] > 0
+    assert steps["swap_s"] <= steps["total_s"] and steps["close_s"] <= steps["swap_s"]
     info = client.indexed(collection)
     assert info["indexed_vectors"] >= 29_000 and info["points"] == 30_090
     assert store.search("g", extra[3], "image", 1)[0].id == "x3"  # a write made meanwhile

@@ -315,6 +315,9 @@ def case(engine: str, points: int, dim: int, work: Path, seed: int, clients: int
         collection = store.collection_of("g")
         out["during_index"] = _search_during(store, q, lambda: store.client.optimize(
             collection))
+        # the build's steps: each of flush, load, new_flush and close holds the
+        # interpreter lock through one call, so the slowest search waits for the longest
+        out["during_index"]["steps"] = dict(store.client.last_build)
         again = _items(seed + 2, 0, rewrite, dim)
         for i in range(0, rewrite, 256):
             store.upsert("g", again[i:i + 256], "v3", "t")
@@ -445,6 +448,9 @@ def render(result: dict[str, Any]) -> str:
                              f"{r['rewritten']:,} rewritten points are indexed {how}: index {d['index_s']} s, "
                              f"{d['searches']} searches, p50 {d['p50_ms']} ms, "
                              f"p99 {d['p99_ms']} ms, max {d['max_ms']} ms")
+                if d.get("steps"):
+                    lines.append("  its steps (s): " + ", ".join(
+                        f"{k.removesuffix('_s')} {v}" for k, v in d["steps"].items()))
         for ef, e in (r.get("ef_sweep") or {}).items():
             lines.append(f"{r['engine']} {r['points']:,}, search ef {ef}: p50 {e['p50_ms']} ms, "
                          f"p99 {e['p99_ms']} ms, recall@10 {e['recall_at_10']}")

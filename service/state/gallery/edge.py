@@ -285,6 +285,8 @@ class EdgeClient:
         self._meta = threading.Lock()  # the catalog and the open shards
         self._build = threading.Lock()  # one index build at a time
         self._child: subprocess.Popen[str] | None = None  # the build's process, if running
+        # the last off-process build's steps, in seconds: where a swap's stall comes from
+        self.last_build: dict[str, float] = {}
         catalog = self._read_catalog()
         self._aliases: dict[str, str] = dict(catalog.get("aliases", {}))
         self._open: dict[str, _Collection] = {}
@@ -587,12 +589,15 @@ class EdgeClient:
         shutil.rmtree(copy, ignore_errors=True)
         copy.parent.mkdir(exist_ok=True)
         began = time.monotonic()
+        steps: dict[str, float] = {}
         with c.writes:  # no write while the shard is copied; searches go on
             with c.lock.shared():
                 c.shard.flush()
+            steps["flush_s"] = time.monotonic() - began
             shutil.copytree(c.path, copy)
             c.journal, c.changed = [], 0
             c.synced = c.written  # the flush above put every write on disk
+        steps["copy_s"] = time.monotonic() - began - steps["flush_s"]
         try:
             if self._closed.is_set():
                 raise InterruptedError("closing")
@@ -607,6 +612,7 @@ class EdgeClient:
                                    f"(exit {self._child.returncode}): {err.strip()[-500:]}")
             indexed = out.strip().endswith("1")
             built = time.monotonic()
+            steps["child_s"] = built - began - steps["flush_s"] - steps["copy_s"]
             with c.writes:  # writers wait from here to the switch; searches go on
                 with self._meta:
                     if self._open.get(name) is not c:  # dropped meanwhile: nothing to swap
@@ -616,10 +622,15 @@ class EdgeClient:
                 os.rename(copy, target)
                 fresh = None
                 try:
+                    t = time.monotonic()
                     fresh = edge.EdgeShard.load(str(target))
+                    steps["load_s"] = time.monotonic() - t
                     for op in journal:  # every write made meanwhile, before it serves
                         fresh.update(op)
+                    steps["replay_s"] = time.monotonic() - t - steps["load_s"]
+                    t = time.monotonic()
                     fresh.flush()
+                    steps["new_flush_s"] = time.monotonic() - t
                     (target / BUILD_LOCK).unlink(missing_ok=True)
                     old_path = c.path
                     self._name_path(name, c, target)  # from here a reopen loads ``target``
@@ -630,11 +641,15 @@ class EdgeClient:
                     raise
                 with c.lock.exclusive():  # searches in flight finish on the old one
                     old, c.shard = c.shard, fresh
+            t = time.monotonic()
             old.close()
+            steps["close_s"] = time.monotonic() - t
             shutil.rmtree(old_path, ignore_errors=True)
-            log.info("indexed %s off the process in %.1f s (copy and index %.1f s, %d writes "
-                     "replayed, swap %.2f s)", name, time.monotonic() - began, built - began,
-                     len(journal), time.monotonic() - built)
+            steps["swap_s"] = time.monotonic() - built
+            steps["total_s"] = time.monotonic() - began
+            self.last_build = {"writes_replayed": len(journal),
+                               **{k: round(v, 3) for k, v in steps.items()}}
+            log.info("indexed %s off the process: %s", name, self.last_build)
             return indexed
         except BaseException:
             with c.writes:
