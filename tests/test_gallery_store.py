@@ -127,9 +127,9 @@ def test_an_edge_store_on_disk_keeps_every_write_side_and_alias_after_reopening(
     assert reopened.drop_collection(first) and not reopened.drop_collection(first)
     reopened.close()
     assert sorted(p.name for p in (tmp_path / "collections").iterdir()) == [side]
-    # Payloads are held in the page cache, warmed at load (why: EdgeClient.create_collection).
+    # Payloads mapped, not read at load; the store warms the files (edge.warm).
     config = json.loads((tmp_path / "collections" / side / "edge_config.json").read_text())
-    assert config["payload_memory"] == "cached"
+    assert config["payload_memory"] == "cold"
 
 
 def test_an_edge_directory_is_open_in_one_process_and_a_second_gets_a_clear_error(
@@ -456,3 +456,62 @@ def test_a_search_ef_reaches_every_backend_as_a_servers_search_params(
         assert api.app.state.gateway.store._search.hnsw_ef == 96
     with pytest.raises(ValidationError, match="qdrant_search_ef"):
         Settings(qdrant_search_ef=0)
+
+
+def _resident(path) -> float:
+    """The share of ``path``'s pages in the page cache (``mincore`` of a mapping)."""
+    import ctypes
+    import ctypes.util
+    import mmap
+    import os
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    size = os.path.getsize(path)
+    pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        vec = (ctypes.c_ubyte * pages)()
+        assert libc.mincore(ctypes.c_void_p(addr), size, vec) == 0, ctypes.get_errno()
+        libc.munmap(ctypes.c_void_p(addr), size)
+    finally:
+        os.close(fd)
+    return sum(b & 1 for b in vec) / pages
+
+
+def test_an_edge_shard_is_mapped_not_read_at_load_and_warmed_before_it_serves(
+        tmp_path) -> None:
+    """A new collection's vectors, graphs, payloads, id tracker and keyword indexes are
+    mapped and not read at load (a load that read them held the interpreter lock for
+    seconds at a million points). Edge drops a shard's files from the page cache when it
+    closes it (the index build's child closes its copy), so the store reads the files in
+    itself: before a new generation serves, and at open."""
+    from service.state.gallery.edge import EdgeClient
+
+    store = GalleryStore(EdgeClient(tmp_path, indexer=False, indexing_threshold_kb=10),
+                         serialise=True)
+    store.create("g", 64)
+    vectors = np.random.default_rng(0).normal(size=(6000, 64)).astype(np.float32)
+    store.upsert("g", [Item(f"i{n}", {"image": vectors[n]}) for n in range(6000)], "v", "s")
+    collection = store.collection_of("g")
+    config = json.loads((store.client.shard_path(collection) / "edge_config.json").read_text())
+    assert config["payload_memory"] == config["id_tracker_memory"] == "cold"
+    assert config["hnsw_config"]["memory"] == "cold"
+    assert {v["memory"] for v in config["vectors"].values()} == {"cold"}
+    store.client.optimize(collection)
+    served = store.client.shard_path(collection)
+    matrices = sorted(served.rglob("matrix.dat"))  # the indexed segment's two vectors
+    assert len(matrices) >= 2 and store.client.last_build["warm_s"] >= 0
+    assert min(_resident(f) for f in matrices) > 0.9  # read in before it served
+    assert store.search("g", vectors[5], "image", 1)[0].id == "i5"
+    store.close()
+    assert max(_resident(f) for f in matrices) < 0.5  # a close drops them...
+    again = GalleryStore(EdgeClient(tmp_path, indexer=False), serialise=True)
+    assert min(_resident(f) for f in matrices) > 0.9  # ...and an open reads them in again
+    assert again.count("g") == 6000 and again.search("g", vectors[7], "image", 1)[0].id == "i7"
+    again.close()

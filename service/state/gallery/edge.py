@@ -20,9 +20,11 @@ priority loads the copy and indexes it, the writes made meanwhile (applied to th
 shard as usual and kept in a journal) are replayed into it, and it replaces the serving
 shard: the copy moves to a new generation directory (``ROOT/indexed/NAME/N``), is loaded
 and brought up to date while the old shard still serves, the catalog is rewritten to name
-it, and the collection's handle is switched under its lock (searches take no part in the
-load, but ``EdgeShard.load`` holds the interpreter lock while it runs: 0.4 s at 100,000
-points, every thread of the process waiting). A crash at any point leaves the catalog
+it, and the collection's handle is switched under its lock. ``EdgeShard.load`` holds the
+interpreter lock while it runs (every thread of the process waits), so a shard's parts are
+mapped and not read at load (``COLD``): the new generation's files are read into the page
+cache by ``warm``, which lets searches on the old shard go on, before it serves (the same
+at open). A crash at any point leaves the catalog
 naming either the old shard (with every acknowledged write: writers wait from the replay
 to the switch) or the new one (with every write, replayed and flushed before the catalog
 names it); at open the directories the catalog does not name are removed. The indexer
@@ -115,6 +117,13 @@ INDEX_CHILD = ("import ctypes, fcntl, os, sys\n"
                "s.flush()\n"
                "s.close()\n"
                "print(int(bool(changed)))\n")
+# Where a new collection's vectors, HNSW graphs, payloads, id tracker and keyword indexes
+# live: mapped from their files and not read at load. ``Cached`` (Edge's default) reads
+# every page in at load (``madvise`` populate) while holding the interpreter lock: a load
+# of 300,000 points 0.83-1.08 s, against 0.05-0.14 s mapped only (and 2.2 s at 1M, the
+# slowest search during an index build). The store reads the files itself (``warm``).
+COLD = edge.Memory.Cold
+WARM_CHUNK = 1 << 20
 HNSW = (16, 64)  # (m, ef_construct): measured by bench store (docs/benchmarks/store.md)
 LOCK = ".lock"
 
@@ -297,6 +306,7 @@ class EdgeClient:
             if retired.exists() and not path.exists():  # an earlier version's crash mid-swap
                 os.rename(retired, path)
             shard = edge.EdgeShard.load(str(path))
+            warm(path)
             _indexed(shard)  # a collection made before an index was added gets it now
             # what was not indexed before the restart is due again (after ``quiet_s``)
             self._open[name] = _Collection(shard, dict(sizes), path,
@@ -378,18 +388,16 @@ class EdgeClient:
         m, ef = self.hnsw
         if hnsw_config is not None and not self._hnsw_given:
             m, ef = hnsw_config.m or m, hnsw_config.ef_construct or ef
+        # Every part of the shard mapped and not read at load (``COLD``); ``warm`` reads
+        # the files into the page cache without the interpreter lock instead.
         config = edge.EdgeConfig(vectors={
-            kind: edge.EdgeVectorParams(size=size, distance=edge.Distance.Dot)
+            kind: edge.EdgeVectorParams(size=size, distance=edge.Distance.Dot, memory=COLD)
             for kind, size in sizes.items()},
-            # Payloads in the page cache, warmed at load: a search returns its hits'
-            # payloads, and read from disk on first touch (Edge's default) the first
-            # searches after a load or an index swap ran at p50 1.82 ms against 0.99 ms
-            # once touched (100,000 points); cached, 0.78 ms and 0.72 ms.
-            payload_memory=edge.Memory.Cached,
+            payload_memory=COLD, id_tracker_memory=COLD,
             optimizers=edge.EdgeOptimizersConfig(indexing_threshold=self.indexing_threshold_kb,
                                                  default_segment_number=self.segments),
             hnsw_config=edge.HnswIndexConfig(
-                m=m, ef_construct=ef, full_scan_threshold=10_000))
+                m=m, ef_construct=ef, full_scan_threshold=10_000, memory=COLD))
         with self._meta:
             if name in self._open:
                 raise ValueError(f"Collection {name} already exists")
@@ -631,6 +639,9 @@ class EdgeClient:
                     t = time.monotonic()
                     fresh.flush()
                     steps["new_flush_s"] = time.monotonic() - t
+                    t = time.monotonic()
+                    warm(target)  # its files in the page cache before it serves
+                    steps["warm_s"] = time.monotonic() - t
                     (target / BUILD_LOCK).unlink(missing_ok=True)
                     old_path = c.path
                     self._name_path(name, c, target)  # from here a reopen loads ``target``
@@ -751,6 +762,21 @@ class _Response:
     points: list[_Point]
 
 
+def warm(shard_dir: Path) -> int:
+    """Read every file of a shard into the page cache; the bytes read. Its parts are mapped
+    and not read at load (``COLD``: a load that read them held the interpreter lock through
+    it, 2.2 s at 1,000,000 points), and a shard closed drops its files from the cache (the
+    index build's child closes the copy it indexed), so without this the first searches
+    read from disk, each holding the lock (p50 11.5 ms instead of 0.9 at 300,000 points).
+    ``readinto`` lets other threads run while the kernel reads."""
+    read, buf = 0, bytearray(WARM_CHUNK)
+    for f in sorted(p for p in shard_dir.rglob("*") if p.is_file()):
+        with contextlib.suppress(FileNotFoundError), open(f, "rb", buffering=0) as fh:
+            while n := fh.readinto(buf):
+                read += n
+    return read
+
+
 def _sync_log(shard_dir: Path) -> None:
     """Put a shard's write-ahead log on disk: every file of ``wal/`` (Edge appends through
     a mapping; ``fsync`` writes back a file's dirty pages however they were dirtied), then
@@ -771,12 +797,13 @@ def _unindexed(shard: Any, kinds: int) -> int:
 
 
 def _keyword(on_disk: bool) -> Any:
-    """Edge's keyword index: in memory, or (``on_disk``) mapped and read in at load: a map
-    of 200,000 item ids loads in a third of the time it takes to rebuild in memory (a
-    load of the shard 0.78 -> 0.47 s, measured), and the load holds the interpreter lock."""
+    """Edge's keyword index: in memory, or (``on_disk``) mapped from its files (``COLD``,
+    warmed by ``warm``): a map of 200,000 item ids read in at load took a third of the time
+    it takes to rebuild in memory (a load of the shard 0.78 -> 0.47 s, measured), and the
+    load holds the interpreter lock."""
     if not on_disk:
         return edge.PayloadSchemaType.Keyword
-    return edge.KeywordIndexParams(memory=edge.Memory.Cached)
+    return edge.KeywordIndexParams(memory=COLD)
 
 
 def _indexed(shard: Any) -> None:
