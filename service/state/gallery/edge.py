@@ -22,9 +22,10 @@ shard: the copy moves to a new generation directory (``ROOT/indexed/NAME/N``), i
 and brought up to date while the old shard still serves, the catalog is rewritten to name
 it, and the collection's handle is switched under its lock. ``EdgeShard.load`` holds the
 interpreter lock while it runs (every thread of the process waits), so a shard's parts are
-mapped and not read at load (``COLD``): the new generation's files are read into the page
-cache by ``warm``, which lets searches on the old shard go on, before it serves (the same
-at open). A crash at any point leaves the catalog
+mapped and not read at load (``COLD``): the indexed copy's files are read into the page
+cache by ``warm`` as soon as the child is done, while writes and searches go on, and the
+load then reads only what Edge keeps in memory (the same read runs at open). A crash at
+any point leaves the catalog
 naming either the old shard (with every acknowledged write: writers wait from the replay
 to the switch) or the new one (with every write, replayed and flushed before the catalog
 names it); at open the directories the catalog does not name are removed. The indexer
@@ -619,8 +620,13 @@ class EdgeClient:
                 raise RuntimeError(f"indexing {name} failed in its child process "
                                    f"(exit {self._child.returncode}): {err.strip()[-500:]}")
             indexed = out.strip().endswith("1")
+            t = time.monotonic()
+            steps["child_s"] = t - began - steps["flush_s"] - steps["copy_s"]
+            warm(copy, self._closed)  # into the page cache (the child's close dropped it);
+            steps["warm_s"] = time.monotonic() - t  # writes and searches go on meanwhile
+            if self._closed.is_set():
+                raise InterruptedError("closing")
             built = time.monotonic()
-            steps["child_s"] = built - began - steps["flush_s"] - steps["copy_s"]
             with c.writes:  # writers wait from here to the switch; searches go on
                 with self._meta:
                     if self._open.get(name) is not c:  # dropped meanwhile: nothing to swap
@@ -639,9 +645,6 @@ class EdgeClient:
                     t = time.monotonic()
                     fresh.flush()
                     steps["new_flush_s"] = time.monotonic() - t
-                    t = time.monotonic()
-                    warm(target)  # its files in the page cache before it serves
-                    steps["warm_s"] = time.monotonic() - t
                     (target / BUILD_LOCK).unlink(missing_ok=True)
                     old_path = c.path
                     self._name_path(name, c, target)  # from here a reopen loads ``target``
@@ -762,18 +765,21 @@ class _Response:
     points: list[_Point]
 
 
-def warm(shard_dir: Path) -> int:
+def warm(shard_dir: Path, stop: threading.Event | None = None) -> int:
     """Read every file of a shard into the page cache; the bytes read. Its parts are mapped
     and not read at load (``COLD``: a load that read them held the interpreter lock through
     it, 2.2 s at 1,000,000 points), and a shard closed drops its files from the cache (the
     index build's child closes the copy it indexed), so without this the first searches
     read from disk, each holding the lock (p50 11.5 ms instead of 0.9 at 300,000 points).
-    ``readinto`` lets other threads run while the kernel reads."""
+    ``readinto`` lets other threads run while the kernel reads. Ends early once ``stop``
+    is set (a close)."""
     read, buf = 0, bytearray(WARM_CHUNK)
     for f in sorted(p for p in shard_dir.rglob("*") if p.is_file()):
         with contextlib.suppress(FileNotFoundError), open(f, "rb", buffering=0) as fh:
             while n := fh.readinto(buf):
                 read += n
+                if stop is not None and stop.is_set():
+                    return read
     return read
 
 
