@@ -289,3 +289,85 @@ def test_a_fused_rerank_ranks_by_the_new_cosine_plus_the_routes(micro_versions, 
         assert got == sorted(ids, key=lambda i: -fused[i])
         for h in answer["hits"]:
             assert h["score"] == pytest.approx(fused[h["id"]], abs=1e-4)
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_candidate_images_decode_to_the_models_inputs_on_one_thread_or_one_per_core(
+        micro_spec, tmp_path, monkeypatch, split) -> None:
+    """A cold rerank's images (``_pixels``): small ones read and decoded on one thread,
+    past ``SPLIT_PIXELS`` on a thread per core; either way each is exactly the model's
+    own preprocess of the image, and an unreadable, undecodable, missing or outside-root
+    source is None in its own place."""
+    import asyncio
+    import os
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+    from types import SimpleNamespace
+
+    import torch
+    from PIL import Image
+
+    from service.runtime.embedder import Batching, Embedder
+    from service.state.config import Settings
+    from service.usecases import rerank
+    from training.encoders import Encoder, create_model, create_tokenizer
+
+    encoder = Encoder(create_model(micro_spec), create_tokenizer(micro_spec), "cpu")
+    lane = ThreadPoolExecutor(1)
+    embedder = Embedder(encoder, "v1", "v1", "native", lane, Batching(8, 0.001))
+    data = tmp_path / "data"
+    (data / "images").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    sizes = [(32, 32), (32, 32), (60, 45), (20, 90), (32, 32), (300, 200)]
+    uris: list[str] = []
+    for n, (h, w) in enumerate(sizes):
+        path = data / "images" / f"{n}.png"
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(path)
+        uris.append(str(path))
+    (data / "images" / "bad.png").write_bytes(b"not an image")
+    outside = tmp_path / "outside.png"
+    Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(outside)
+    broken = [str(data / "images" / "bad.png"), str(data / "images" / "missing.png"),
+              str(outside)]
+    order = uris[:2] + broken[:1] + uris[2:4] + broken[1:] + uris[4:]
+    monkeypatch.setattr(rerank, "SPLIT_PIXELS", 0 if split else 10**9)
+    threads: list[int] = []
+    decoded = rerank._decoded
+    monkeypatch.setattr(rerank, "_decoded", lambda *a: threads.append(
+        threading.get_ident()) or decoded(*a))
+    gateway = SimpleNamespace(settings=Settings(data_dir=data))
+    got = asyncio.run(rerank._pixels(gateway, embedder, order))
+    assert len(got) == len(order)
+    for uri, pixels in zip(order, got, strict=True):
+        if uri in broken:
+            assert pixels is None, uri
+        else:
+            with Image.open(uri) as image:
+                assert torch.equal(pixels, encoder.preprocess(image.convert("RGB"))), uri
+    # one call of the decode on one thread, or one per core (every part of the group)
+    assert len(threads) == (min(len(order), os.cpu_count() or 1) if split else 1)
+    lane.shutdown()
+
+
+def test_a_preprocess_step_is_skipped_only_where_it_cannot_change_the_image() -> None:
+    """``training.encoders._unchanged``: a resize or centre crop to the size an image has,
+    a conversion to the mode it has; nothing else."""
+    from open_clip.transform import MaybeConvertMode
+    from PIL import Image
+    from torchvision import transforms
+
+    from training.encoders import _unchanged
+
+    square, wide = Image.new("RGB", (32, 32)), Image.new("RGB", (48, 32))
+    assert _unchanged(transforms.Resize(32), square) and _unchanged(transforms.Resize(32), wide)
+    assert _unchanged(transforms.Resize((32, 48)), wide)
+    assert not _unchanged(transforms.Resize((48, 32)), wide)
+    assert not _unchanged(transforms.Resize(24), square)
+    assert not _unchanged(transforms.Resize(32, max_size=40), wide)
+    assert _unchanged(transforms.CenterCrop(32), square)
+    assert not _unchanged(transforms.CenterCrop(32), wide)
+    assert _unchanged(transforms.CenterCrop((32, 48)), wide)
+    assert _unchanged(MaybeConvertMode("RGB"), square)
+    assert not _unchanged(MaybeConvertMode("RGB"), square.convert("L"))
+    assert not _unchanged(transforms.Lambda(lambda x: x), square)
+    assert not _unchanged(transforms.Resize(32), np.zeros((32, 32, 3)))

@@ -22,9 +22,10 @@ A search starts at most ``rerank_embed_max_per_request`` embeddings (its best-pl
 candidates the new side lacks; joining a running one is free): the others are not
 queued (a later search may embed them), and ``nobackfill_rerank_embeds_refused`` counts
 them, so one search cannot queue more work than that however large its ``k``.
-The candidates a search must embed go together (``_fill``): their sources read and
-decoded in a thread per core (each thread's images preprocessed as one stack,
-``Embedder.pixels_many``), then submitted as one group: the dynamic batcher makes one
+The candidates a search must embed go together (``_fill``): their sources read (each
+directory resolved once), decoded and preprocessed as one stack (``Embedder.pixels_many``)
+on one thread, or on a thread per core when they hold more than ``SPLIT_PIXELS``
+(photographs far larger than the model's input), then submitted as one group: the dynamic batcher makes one
 batch of them (not one per arrival) and starts it without waiting for company. A search
 uses a vector as soon as it is embedded; its write follows. An embedding that
 outlives its search's budget still finishes and is written, so the next search reads it.
@@ -58,7 +59,7 @@ from service.state.errors import Conflict, InvalidInput, ServiceError
 from service.state.gallery.store import KINDS, Hit, Stored
 from service.state.jobs.shards import record_filled
 from service.state.paths import Roots
-from service.usecases.media import DecodeBudget, decode_image
+from service.usecases.media import DecodeBudget, DecodePlan, plan_decode
 from service.vectors.backfill import origin_of
 from service.vectors.sources import SourceStore, origin_bytes
 from service.vectors.writer import Batch, DirectWriter
@@ -66,6 +67,12 @@ from service.vectors.writer import Batch, DirectWriter
 log = logging.getLogger(__name__)
 FILL = "fill"  # the writer's mode for a read-through fill
 FILL_LINGER_S = 0.005  # a batched fill write waits this long for the fills finishing with it
+# a search's candidate images are decoded on one thread up to this many pixels (decoding
+# and model-sized: 15 images of 64 px took 3.5 ms on one thread and 3.9 ms split over two
+# on a 2-core host, the threads taking turns at the interpreter lock); past it, on a
+# thread per core (15 photographs of 800 x 600 for a 224-px model: 75-79 ms on two
+# threads, 133-135 ms on one)
+SPLIT_PIXELS = 500_000
 Vectors = dict[str, np.ndarray]
 
 
@@ -340,35 +347,63 @@ def _write_fills(gateway: Gateway, serving: Any, other: Any,
 
 async def _pixels(gateway: Gateway, embedder: Embedder, uris: list[str],
                   ) -> list[torch.Tensor | None]:
-    """The model inputs of ``uris`` (None where one cannot be read or decoded), read and
-    decoded under the process's decode budget in one thread per core."""
+    """The model inputs of ``uris`` (None where one cannot be read or decoded) under the
+    process's decode budget: read, their headers checked and, when they hold at most
+    ``SPLIT_PIXELS`` (images near the model's size), decoded on one thread; larger ones
+    are decoded on a thread per core."""
     if not uris:
         return []
-    parts = max(1, min(len(uris), os.cpu_count() or 1))
-    chunks = [uris[n::parts] for n in range(parts)]
-    done = await asyncio.gather(*(asyncio.to_thread(_load_pixels, gateway, embedder, chunk)
-                                  for chunk in chunks))
-    out: list[torch.Tensor | None] = [None] * len(uris)
+    plans, pixels = await asyncio.to_thread(_planned, gateway, embedder, uris)
+    if pixels is not None:
+        return pixels
+    parts = max(1, min(len(plans), os.cpu_count() or 1))
+    done = await asyncio.gather(*(asyncio.to_thread(_decoded, gateway, embedder,
+                                                    plans[n::parts])
+                                  for n in range(parts)))
+    out: list[torch.Tensor | None] = [None] * len(plans)
     for n, chunk in enumerate(done):
         out[n::parts] = chunk
     return out
 
 
-def _load_pixels(gateway: Gateway, embedder: Embedder, uris: list[str],
-                 ) -> list[torch.Tensor | None]:
+def _planned(gateway: Gateway, embedder: Embedder, uris: list[str],
+             ) -> tuple[list[DecodePlan | None], list[torch.Tensor | None] | None]:
+    """Each source read and its header checked (None: it cannot be read, or it is not an
+    image within the limits), and the model inputs of them all where they hold at most
+    ``SPLIT_PIXELS`` (else None: the caller splits the decoding)."""
     settings, side = gateway.settings, embedder.image_side
-    budget = DecodeBudget.of(settings)
     sources, roots = SourceStore.of(settings), Roots.of(settings)  # once: roots resolve paths
+    plans: list[DecodePlan | None] = []
+    dirs: dict[str, str] = {}  # each directory resolved once for the whole group
+    for uri in uris:
+        try:
+            plans.append(plan_decode(origin_bytes(uri, sources, roots, dirs),
+                                     settings.max_image_pixels, settings.max_image_bytes,
+                                     side))
+        except (OSError, ValueError, ServiceError):  # unreadable, not an image, too large
+            plans.append(None)
+    if sum(plan.cost for plan in plans if plan is not None) > SPLIT_PIXELS:
+        return plans, None
+    return plans, _decoded(gateway, embedder, plans)
+
+
+def _decoded(gateway: Gateway, embedder: Embedder, plans: list[DecodePlan | None],
+             ) -> list[torch.Tensor | None]:
+    """The model input of each plan decoded under the process's decode budget (None for
+    a plan that is None, fails to decode or finds no room in the budget in time)."""
+    budget = DecodeBudget.of(gateway.settings)
     readable: list[bool] = []
 
     def decoded() -> Iterator[Image.Image]:
-        for uri in uris:
+        for plan in plans:
+            if plan is None:  # unreadable: the candidate keeps its place
+                readable.append(False)
+                continue
             try:
-                image = decode_image(origin_bytes(uri, sources, roots),
-                                     settings.max_image_pixels, settings.max_image_bytes,
-                                     side, budget)
-            except (OSError, ValueError, ServiceError):  # unreadable, undecodable, too
-                readable.append(False)  # large, no room in the budget: kept in place
+                with budget.hold(plan.cost):
+                    image = plan.run()
+            except (OSError, ValueError, ServiceError):  # undecodable, or no room in the
+                readable.append(False)  # budget: the candidate keeps its place
                 continue
             readable.append(True)
             yield image

@@ -52,12 +52,13 @@ class SourceStore:
         return self._path(uri.removeprefix(CAS)).read_bytes()
 
 
-def origin_bytes(uri: str, sources: SourceStore, roots: Roots) -> bytes:
+def origin_bytes(uri: str, sources: SourceStore, roots: Roots,
+                 dirs: dict[str, str] | None = None) -> bytes:
     """The bytes of the image an origin names: kept by the service, or a file under a root
-    (OSError or InvalidInput when it cannot be read)."""
+    (OSError or InvalidInput when it cannot be read); ``dirs``: ``Roots.read``'s memo."""
     if uri.startswith(CAS):
         return sources.bytes_of(uri)
-    return roots.file(uri, "image source").read_bytes()
+    return roots.read(uri, "image source", dirs)
 
 
 def open_origin_image(uri: str, sources: SourceStore, roots: Roots) -> Image.Image:
