@@ -291,13 +291,14 @@ def test_a_fused_rerank_ranks_by_the_new_cosine_plus_the_routes(micro_versions, 
             assert h["score"] == pytest.approx(fused[h["id"]], abs=1e-4)
 
 
-@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("split", [None, "pixels", "bytes"])
 def test_candidate_images_decode_to_the_models_inputs_on_one_thread_or_one_per_core(
         micro_spec, tmp_path, monkeypatch, split) -> None:
-    """A cold rerank's images (``_pixels``): small ones read and decoded on one thread,
-    past ``SPLIT_PIXELS`` on a thread per core; either way each is exactly the model's
-    own preprocess of the image, and an unreadable, undecodable, missing or outside-root
-    source is None in its own place."""
+    """A cold rerank's images (``_pixels``): read and decoded on one thread while they hold
+    at most ``SPLIT_PIXELS`` pixels and ``SPLIT_BYTES`` bytes, else on a thread per core
+    (the read-ahead stops at the limit: every source is read once); either way each is
+    exactly the model's own preprocess of the image, and an unreadable, undecodable,
+    missing or outside-root source is None in its own place."""
     import asyncio
     import os
     import threading
@@ -330,11 +331,23 @@ def test_candidate_images_decode_to_the_models_inputs_on_one_thread_or_one_per_c
     broken = [str(data / "images" / "bad.png"), str(data / "images" / "missing.png"),
               str(outside)]
     order = uris[:2] + broken[:1] + uris[2:4] + broken[1:] + uris[4:]
-    monkeypatch.setattr(rerank, "SPLIT_PIXELS", 0 if split else 10**9)
+    monkeypatch.setattr(rerank, "SPLIT_PIXELS", 0 if split == "pixels" else 10**9)
+    monkeypatch.setattr(rerank, "SPLIT_BYTES", 0 if split == "bytes" else 10**9)
     threads: list[int] = []
-    decoded = rerank._decoded
+    decoded, plan = rerank._decoded, rerank._Reader.plan
     monkeypatch.setattr(rerank, "_decoded", lambda *a: threads.append(
         threading.get_ident()) or decoded(*a))
+    reads: list[tuple[int, str]] = []
+    monkeypatch.setattr(rerank._Reader, "plan", lambda self, uri: reads.append(
+        (threading.get_ident(), uri)) or plan(self, uri))
+    ahead: list[int] = []  # sources read when the read-ahead returned
+    read_ahead = rerank._read_ahead
+    def counted(*args):
+        out = read_ahead(*args)
+        ahead.append(len(reads))
+        return out
+
+    monkeypatch.setattr(rerank, "_read_ahead", counted)
     gateway = SimpleNamespace(settings=Settings(data_dir=data))
     got = asyncio.run(rerank._pixels(gateway, embedder, order))
     assert len(got) == len(order)
@@ -344,8 +357,13 @@ def test_candidate_images_decode_to_the_models_inputs_on_one_thread_or_one_per_c
         else:
             with Image.open(uri) as image:
                 assert torch.equal(pixels, encoder.preprocess(image.convert("RGB"))), uri
-    # one call of the decode on one thread, or one per core (every part of the group)
-    assert len(threads) == (min(len(order), os.cpu_count() or 1) if split else 1)
+    assert sorted(uri for _, uri in reads) == sorted(order)  # each source read once
+    if split is None:  # one thread read and decoded them all
+        assert len(threads) == 1 and ahead == [len(order)]
+        assert {t for t, _ in reads} == set(threads)
+    else:  # the read-ahead stopped at the first image; the rest read where decoded
+        assert len(threads) == min(len(order), os.cpu_count() or 1)
+        assert ahead == [1] and reads[0][1] == order[0]
     lane.shutdown()
 
 

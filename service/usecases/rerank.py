@@ -24,9 +24,10 @@ queued (a later search may embed them), and ``nobackfill_rerank_embeds_refused``
 them, so one search cannot queue more work than that however large its ``k``.
 The candidates a search must embed go together (``_fill``): their sources read (each
 directory resolved once), decoded and preprocessed as one stack (``Embedder.pixels_many``)
-on one thread, or on a thread per core when they hold more than ``SPLIT_PIXELS``
-(photographs far larger than the model's input), then submitted as one group: the dynamic batcher makes one
-batch of them (not one per arrival) and starts it without waiting for company. A search
+on one thread, or on a thread per core once they hold more than ``SPLIT_PIXELS`` pixels
+or ``SPLIT_BYTES`` bytes (photographs far larger than the model's input; each thread then
+reads its own as it goes, so a group never holds every file at once), then submitted as
+one group: the dynamic batcher makes one batch of them (not one per arrival) and starts it without waiting for company. A search
 uses a vector as soon as it is embedded; its write follows. An embedding that
 outlives its search's budget still finishes and is written, so the next search reads it.
 The fills that finish together are written as one batch (``_written``: one lock, one
@@ -73,6 +74,7 @@ FILL_LINGER_S = 0.005  # a batched fill write waits this long for the fills fini
 # thread per core (15 photographs of 800 x 600 for a 224-px model: 75-79 ms on two
 # threads, 133-135 ms on one)
 SPLIT_PIXELS = 500_000
+SPLIT_BYTES = 4 * 2**20  # nor more bytes than this read ahead on the one thread
 Vectors = dict[str, np.ndarray]
 
 
@@ -348,54 +350,80 @@ def _write_fills(gateway: Gateway, serving: Any, other: Any,
 async def _pixels(gateway: Gateway, embedder: Embedder, uris: list[str],
                   ) -> list[torch.Tensor | None]:
     """The model inputs of ``uris`` (None where one cannot be read or decoded) under the
-    process's decode budget: read, their headers checked and, when they hold at most
-    ``SPLIT_PIXELS`` (images near the model's size), decoded on one thread; larger ones
-    are decoded on a thread per core."""
+    process's decode budget: read and decoded on one thread while they hold at most
+    ``SPLIT_PIXELS`` pixels and ``SPLIT_BYTES`` bytes (images near the model's size);
+    past that, decoded on a thread per core, each reading its own as it goes."""
     if not uris:
         return []
-    plans, pixels = await asyncio.to_thread(_planned, gateway, embedder, uris)
+    items, pixels = await asyncio.to_thread(_read_ahead, gateway, embedder, uris)
     if pixels is not None:
         return pixels
-    parts = max(1, min(len(plans), os.cpu_count() or 1))
+    parts = max(1, min(len(items), os.cpu_count() or 1))
     done = await asyncio.gather(*(asyncio.to_thread(_decoded, gateway, embedder,
-                                                    plans[n::parts])
+                                                    items[n::parts])
                                   for n in range(parts)))
-    out: list[torch.Tensor | None] = [None] * len(plans)
+    out: list[torch.Tensor | None] = [None] * len(items)
     for n, chunk in enumerate(done):
         out[n::parts] = chunk
     return out
 
 
-def _planned(gateway: Gateway, embedder: Embedder, uris: list[str],
-             ) -> tuple[list[DecodePlan | None], list[torch.Tensor | None] | None]:
-    """Each source read and its header checked (None: it cannot be read, or it is not an
-    image within the limits), and the model inputs of them all where they hold at most
-    ``SPLIT_PIXELS`` (else None: the caller splits the decoding)."""
-    settings, side = gateway.settings, embedder.image_side
-    sources, roots = SourceStore.of(settings), Roots.of(settings)  # once: roots resolve paths
-    plans: list[DecodePlan | None] = []
-    dirs: dict[str, str] = {}  # each directory resolved once for the whole group
-    for uri in uris:
+@dataclass
+class _Reader:
+    """Reads a group's sources and checks their headers (``plan_decode``): the settings,
+    stores and roots looked up once, each directory resolved once (``Roots.read``)."""
+
+    settings: Any
+    side: int
+    sources: SourceStore
+    roots: Roots
+    dirs: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, gateway: Gateway, embedder: Embedder) -> _Reader:
+        settings = gateway.settings
+        return cls(settings, embedder.image_side, SourceStore.of(settings), Roots.of(settings))
+
+    def plan(self, uri: str) -> tuple[DecodePlan | None, int]:
+        """The decode plan of ``uri`` (None: unreadable, not an image, too large) and the
+        bytes it holds."""
         try:
-            plans.append(plan_decode(origin_bytes(uri, sources, roots, dirs),
-                                     settings.max_image_pixels, settings.max_image_bytes,
-                                     side))
-        except (OSError, ValueError, ServiceError):  # unreadable, not an image, too large
-            plans.append(None)
-    if sum(plan.cost for plan in plans if plan is not None) > SPLIT_PIXELS:
-        return plans, None
-    return plans, _decoded(gateway, embedder, plans)
+            data = origin_bytes(uri, self.sources, self.roots, self.dirs)
+            return plan_decode(data, self.settings.max_image_pixels,
+                               self.settings.max_image_bytes, self.side), len(data)
+        except (OSError, ValueError, ServiceError):
+            return None, 0
 
 
-def _decoded(gateway: Gateway, embedder: Embedder, plans: list[DecodePlan | None],
-             ) -> list[torch.Tensor | None]:
-    """The model input of each plan decoded under the process's decode budget (None for
-    a plan that is None, fails to decode or finds no room in the budget in time)."""
+def _read_ahead(gateway: Gateway, embedder: Embedder, uris: list[str],
+                ) -> tuple[list[DecodePlan | str | None], list[torch.Tensor | None] | None]:
+    """``uris`` read and planned in order until they hold more than ``SPLIT_PIXELS`` pixels
+    or ``SPLIT_BYTES`` bytes: then (the plans so far and the uris not read yet, None) for
+    the caller to split; else (the plans, their model inputs), decoded on this thread."""
+    reader = _Reader.of(gateway, embedder)
+    items: list[DecodePlan | str | None] = []
+    held = size = 0
+    for n, uri in enumerate(uris):
+        plan, read = reader.plan(uri)
+        items.append(plan)
+        held, size = held + (plan.cost if plan is not None else 0), size + read
+        if held > SPLIT_PIXELS or size > SPLIT_BYTES:
+            return [*items, *uris[n + 1:]], None
+    return items, _decoded(gateway, embedder, items, reader)
+
+
+def _decoded(gateway: Gateway, embedder: Embedder, items: list[DecodePlan | str | None],
+             reader: _Reader | None = None) -> list[torch.Tensor | None]:
+    """The model input of each item (a plan, or a uri read and planned just before it is
+    decoded) under the process's decode budget; None for one that cannot be read or
+    decoded or finds no room in the budget in time."""
     budget = DecodeBudget.of(gateway.settings)
+    reader = reader or _Reader.of(gateway, embedder)
     readable: list[bool] = []
 
     def decoded() -> Iterator[Image.Image]:
-        for plan in plans:
+        for item in items:
+            plan = reader.plan(item)[0] if isinstance(item, str) else item
             if plan is None:  # unreadable: the candidate keeps its place
                 readable.append(False)
                 continue
