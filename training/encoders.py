@@ -303,11 +303,10 @@ def _unchanged(step: Callable[[Any], Any], image: Any) -> bool:
     width, height = image.size
     if type(step) is MaybeConvertMode:
         return image.mode == step.mode
-    size = getattr(step, "size", None)
-    size = [size] if isinstance(size, int) else list(size) if size is not None else []
-    if type(step) is transforms.CenterCrop:
-        return size in ([height, width], [height] if height == width else None)
+    if type(step) is transforms.CenterCrop:  # its size is always (height, width)
+        return list(step.size) == [height, width]
     if type(step) is transforms.Resize:  # torchvision returns the image itself then
+        size = [step.size] if isinstance(step.size, int) else list(step.size)
         return (size == [height, width]
                 or (len(size) == 1 and step.max_size is None and size[0] == min(width, height)))
     return False

@@ -97,18 +97,19 @@ class Roots:
         0.05 ms). InvalidInput outside the roots or where no regular file is; OSError
         when it cannot be read."""
         resolved = self._confined(path, name, dirs)
+        missing = f"{name}: no file at {quoted(path)}"
         flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
         try:
             fd = os.open(resolved, flags)
         except (FileNotFoundError, NotADirectoryError, ValueError):  # ValueError: a NUL
-            raise InvalidInput(f"{name}: no file at {quoted(path)}") from None
+            raise InvalidInput(missing) from None
         except OSError as exc:
             if exc.errno == errno.ELOOP:  # became a link since it was resolved
-                raise InvalidInput(f"{name}: no file at {quoted(path)}") from None
+                raise InvalidInput(missing) from None
             raise
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise InvalidInput(f"{name}: no file at {quoted(path)}")
+                raise InvalidInput(missing)
             with open(fd, "rb", closefd=False) as file:
                 return file.read()
         finally:

@@ -72,11 +72,7 @@ def decode_image(data: bytes, max_pixels: int, max_bytes: int, side: int,
     """An RGB image for a model whose input is ``side`` pixels: about ``SIDE_MARGIN``
     times that on its shorter side (and ``at_least``), or the original when it is not
     much larger; decoded under ``budget``, waiting in this thread for room."""
-    plan = plan_decode(data, max_pixels, max_bytes, side, at_least)
-    if budget is None:
-        return plan.run()
-    with budget.hold(plan.cost):
-        return plan.run()
+    return plan_decode(data, max_pixels, max_bytes, side, at_least).run_under(budget)
 
 
 async def decode_image_async(data: bytes, settings: Settings, side: int) -> Image.Image:
@@ -167,6 +163,14 @@ class DecodePlan:
         if self.output_size is None:
             return width * height * (1 if self.image.mode == "RGB" else 2)
         return width * height + self.output_size[0] * self.output_size[1]
+
+    def run_under(self, budget: DecodeBudget | None) -> Image.Image:
+        """``run`` holding ``cost`` pixels of ``budget`` (waiting in this thread for room;
+        None: no budget)."""
+        if budget is None:
+            return self.run()
+        with budget.hold(self.cost):
+            return self.run()
 
     def run(self) -> Image.Image:
         """Decode, reduce and convert to RGB; the full-size image is freed before this

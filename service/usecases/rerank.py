@@ -27,7 +27,8 @@ directory resolved once), decoded and preprocessed as one stack (``Embedder.pixe
 on one thread, or on a thread per core once they hold more than ``SPLIT_PIXELS`` pixels
 or ``SPLIT_BYTES`` bytes (photographs far larger than the model's input; each thread then
 reads its own as it goes, so a group never holds every file at once), then submitted as
-one group: the dynamic batcher makes one batch of them (not one per arrival) and starts it without waiting for company. A search
+one group: the dynamic batcher makes one batch of them (not one per arrival) and starts
+it without waiting for company. A search
 uses a vector as soon as it is embedded; its write follows. An embedding that
 outlives its search's budget still finishes and is written, so the next search reads it.
 The fills that finish together are written as one batch (``_written``: one lock, one
@@ -355,11 +356,11 @@ async def _pixels(gateway: Gateway, embedder: Embedder, uris: list[str],
     past that, decoded on a thread per core, each reading its own as it goes."""
     if not uris:
         return []
-    items, pixels = await asyncio.to_thread(_read_ahead, gateway, embedder, uris)
+    reader, items, pixels = await asyncio.to_thread(_read_ahead, gateway, embedder, uris)
     if pixels is not None:
         return pixels
     parts = max(1, min(len(items), os.cpu_count() or 1))
-    done = await asyncio.gather(*(asyncio.to_thread(_decoded, gateway, embedder,
+    done = await asyncio.gather(*(asyncio.to_thread(_decoded, reader, embedder,
                                                     items[n::parts])
                                   for n in range(parts)))
     out: list[torch.Tensor | None] = [None] * len(items)
@@ -371,18 +372,21 @@ async def _pixels(gateway: Gateway, embedder: Embedder, uris: list[str],
 @dataclass
 class _Reader:
     """Reads a group's sources and checks their headers (``plan_decode``): the settings,
-    stores and roots looked up once, each directory resolved once (``Roots.read``)."""
+    stores, roots and decode budget looked up once, each directory resolved once
+    (``Roots.read``); shared by the threads that decode the group."""
 
     settings: Any
     side: int
     sources: SourceStore
     roots: Roots
+    budget: DecodeBudget
     dirs: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, gateway: Gateway, embedder: Embedder) -> _Reader:
         settings = gateway.settings
-        return cls(settings, embedder.image_side, SourceStore.of(settings), Roots.of(settings))
+        return cls(settings, embedder.image_side, SourceStore.of(settings),
+                   Roots.of(settings), DecodeBudget.of(settings))
 
     def plan(self, uri: str) -> tuple[DecodePlan | None, int]:
         """The decode plan of ``uri`` (None: unreadable, not an image, too large) and the
@@ -396,10 +400,12 @@ class _Reader:
 
 
 def _read_ahead(gateway: Gateway, embedder: Embedder, uris: list[str],
-                ) -> tuple[list[DecodePlan | str | None], list[torch.Tensor | None] | None]:
+                ) -> tuple[_Reader, list[DecodePlan | str | None],
+                           list[torch.Tensor | None] | None]:
     """``uris`` read and planned in order until they hold more than ``SPLIT_PIXELS`` pixels
-    or ``SPLIT_BYTES`` bytes: then (the plans so far and the uris not read yet, None) for
-    the caller to split; else (the plans, their model inputs), decoded on this thread."""
+    or ``SPLIT_BYTES`` bytes: then (the reader, the plans so far and the uris not read
+    yet, None) for the caller to split; else (the reader, the plans, their model
+    inputs), decoded on this thread."""
     reader = _Reader.of(gateway, embedder)
     items: list[DecodePlan | str | None] = []
     held = size = 0
@@ -408,17 +414,15 @@ def _read_ahead(gateway: Gateway, embedder: Embedder, uris: list[str],
         items.append(plan)
         held, size = held + (plan.cost if plan is not None else 0), size + read
         if held > SPLIT_PIXELS or size > SPLIT_BYTES:
-            return [*items, *uris[n + 1:]], None
-    return items, _decoded(gateway, embedder, items, reader)
+            return reader, [*items, *uris[n + 1:]], None
+    return reader, items, _decoded(reader, embedder, items)
 
 
-def _decoded(gateway: Gateway, embedder: Embedder, items: list[DecodePlan | str | None],
-             reader: _Reader | None = None) -> list[torch.Tensor | None]:
+def _decoded(reader: _Reader, embedder: Embedder, items: list[DecodePlan | str | None],
+             ) -> list[torch.Tensor | None]:
     """The model input of each item (a plan, or a uri read and planned just before it is
     decoded) under the process's decode budget; None for one that cannot be read or
     decoded or finds no room in the budget in time."""
-    budget = DecodeBudget.of(gateway.settings)
-    reader = reader or _Reader.of(gateway, embedder)
     readable: list[bool] = []
 
     def decoded() -> Iterator[Image.Image]:
@@ -428,8 +432,7 @@ def _decoded(gateway: Gateway, embedder: Embedder, items: list[DecodePlan | str 
                 readable.append(False)
                 continue
             try:
-                with budget.hold(plan.cost):
-                    image = plan.run()
+                image = plan.run_under(reader.budget)
             except (OSError, ValueError, ServiceError):  # undecodable, or no room in the
                 readable.append(False)  # budget: the candidate keeps its place
                 continue
